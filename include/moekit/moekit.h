@@ -1,0 +1,654 @@
+/*
+ * moekit.h — the whole public C API of moekit.
+ *
+ * moekit computes the training (forward and backward) kernels of Mixture-of-Experts layers and of
+ * group-sparse SwiGLU FFNs. The math of every operation is written in SPEC.md; this header states the
+ * calling contract. It compiles as C99 and as C++ and needs no CUDA header.
+ *
+ * Conventions that hold for every function below:
+ *  - Every function returns moekit_status_t. On any status other than MOEKIT_SUCCESS, nothing the caller
+ *    passed as an output was written, and moekit_get_last_error() holds a message naming the argument.
+ *  - Tensors are borrowed views (moekit_tensor_t). Shapes and strides count elements. A CUDA handle reads
+ *    and writes device memory, a reference handle host memory; the view's `device` must match the handle.
+ *  - Plan, then run: a plan holds the host decisions for one problem shape; the run functions only enqueue
+ *    work on the caller's stream (a cudaStream_t passed as void*; NULL = the legacy default stream; ignored
+ *    by the reference backend, which computes synchronously). No run function synchronises the host, and
+ *    none allocates device memory: scratch memory is the caller's workspace, whose size the plan reports.
+ *  - Shapes that only the device knows (the number of valid token-expert pairs) are bounded on the host:
+ *    every grouped tensor has P = tokens * top_k rows (P_max for general routing); rows past the valid count
+ *    are never read and never written.
+ *  - Thread safety: a handle or plan may be used from any thread, one call at a time per handle; distinct
+ *    handles are independent. moekit_get_last_error() is per thread.
+ *  - Argument structs begin with `struct_size`; fill them with the matching *_init function, which sets
+ *    struct_size and every default, so a program built against an older header keeps working.
+ *  - Results are bitwise identical from run to run, stream to stream and buffer to buffer.
+ */
+#ifndef MOEKIT_MOEKIT_H
+#define MOEKIT_MOEKIT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#  if defined(MOEKIT_BUILDING_LIBRARY)
+#    define MOEKIT_API __declspec(dllexport)
+#  else
+#    define MOEKIT_API
+#  endif
+#else
+#  define MOEKIT_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Version                                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+#define MOEKIT_VERSION_MAJOR 0
+#define MOEKIT_VERSION_MINOR 1
+#define MOEKIT_VERSION_PATCH 0
+/* MAJOR*10000 + MINOR*100 + PATCH; this encoding never changes. */
+#define MOEKIT_VERSION_NUMBER (MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH)
+
+/* The version of the library actually loaded, in the encoding of MOEKIT_VERSION_NUMBER. */
+MOEKIT_API int32_t moekit_get_version(void);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Status codes and errors                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* Values are fixed forever and grouped by category (hundreds). */
+typedef enum moekit_status {
+  MOEKIT_SUCCESS = 0,
+  /* 1xx: the request is malformed — fix the call. */
+  MOEKIT_STATUS_INVALID_VALUE = 100,
+  /* 2xx: a valid request this build or device cannot serve — a framework may fall back. */
+  MOEKIT_STATUS_NOT_SUPPORTED = 200,
+  /* 3xx: resources. */
+  MOEKIT_STATUS_INSUFFICIENT_WORKSPACE = 300, /* the workspace or saved buffer passed is too small */
+  MOEKIT_STATUS_OUT_OF_MEMORY = 301,          /* a host allocation (plan, handle) failed */
+  /* 4xx: execution. */
+  MOEKIT_STATUS_EXECUTION_FAILED = 400, /* a CUDA launch or driver call failed; the message has the CUDA error */
+  /* 5xx: a bug in moekit; please report it with the message. */
+  MOEKIT_STATUS_INTERNAL_ERROR = 500
+} moekit_status_t;
+
+/* Static text naming the status ("MOEKIT_STATUS_INVALID_VALUE"); "unknown status" for other values. */
+MOEKIT_API const char* moekit_status_string(moekit_status_t status);
+
+/* Copies this thread's last error message (NUL-terminated, truncated to cap - 1 characters) into buf and
+ * returns the full message length (without the NUL). The message of the last call on this thread that did
+ * not succeed; "" if none failed. buf may be NULL when cap is 0 (to query the length). */
+MOEKIT_API size_t moekit_get_last_error(char* buf, size_t cap);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Tensors                                                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef enum moekit_dtype {
+  MOEKIT_DTYPE_INVALID = 0,
+  MOEKIT_DTYPE_BF16 = 1,
+  MOEKIT_DTYPE_FP16 = 2,
+  MOEKIT_DTYPE_FP32 = 3,
+  MOEKIT_DTYPE_FP64 = 4, /* reference backend only (finite-difference checks) */
+  MOEKIT_DTYPE_INT32 = 5,
+  MOEKIT_DTYPE_INT64 = 6,
+  MOEKIT_DTYPE_FP8_E4M3 = 16, /* reserved; not supported yet */
+  MOEKIT_DTYPE_FP8_E5M2 = 17  /* reserved; not supported yet */
+} moekit_dtype_t;
+
+/* As DLPack's DLDeviceType. */
+typedef enum moekit_device_type {
+  MOEKIT_DEVICE_CPU = 1,
+  MOEKIT_DEVICE_CUDA = 2
+} moekit_device_type_t;
+
+typedef struct moekit_device {
+  int32_t type;  /* moekit_device_type_t */
+  int32_t index; /* CUDA ordinal; 0 for the CPU */
+} moekit_device_t;
+
+#define MOEKIT_MAX_RANK 4
+
+/* A borrowed, strided view; moekit never frees it. An "absent" optional tensor has data == NULL.
+ * Strides count elements; the last dimension must be contiguous (stride 1) unless a function says otherwise,
+ * and data must be aligned to its element size (16 bytes on a CUDA handle for bf16/fp16/fp32 matrices). */
+typedef struct moekit_tensor {
+  void* data;
+  int32_t dtype; /* moekit_dtype_t */
+  int32_t rank;  /* 0..MOEKIT_MAX_RANK */
+  int64_t shape[MOEKIT_MAX_RANK];
+  int64_t stride[MOEKIT_MAX_RANK];
+  moekit_device_t device;
+  uint64_t reserved[2]; /* must be 0 (later: fp8 scale tensors) */
+} moekit_tensor_t;
+
+/* A contiguous row-major view of `rank` dimensions on `device`. Never fails; shape may be NULL when rank is 0. */
+MOEKIT_API moekit_tensor_t moekit_tensor_make(void* data, moekit_dtype_t dtype, int32_t rank, const int64_t* shape,
+                                              moekit_device_t device);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Handles and plans                                                                                */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_handle* moekit_handle_t;
+typedef struct moekit_plan* moekit_plan_t; /* one type for every operation; each plan knows its operation */
+
+typedef enum moekit_backend {
+  MOEKIT_BACKEND_REFERENCE = 0, /* CPU, float64 accumulation: the oracle and a real fallback */
+  MOEKIT_BACKEND_CUDA = 1       /* NVIDIA Hopper (sm_90) */
+} moekit_backend_t;
+
+enum {
+  /* Device-side checks of indices, offsets and NaN inputs, reported as a status at the next call. */
+  MOEKIT_HANDLE_VALIDATE = 1u << 0
+};
+
+typedef struct moekit_handle_desc {
+  size_t struct_size;
+  int32_t backend;      /* moekit_backend_t; default REFERENCE */
+  int32_t device_index; /* CUDA ordinal; default 0 */
+  uint32_t flags;       /* MOEKIT_HANDLE_*; default 0 */
+  int32_t num_threads;  /* reference backend worker threads; 0 (default) = hardware concurrency */
+} moekit_handle_desc_t;
+
+MOEKIT_API moekit_status_t moekit_handle_desc_init(moekit_handle_desc_t* desc);
+
+/* Creates a handle. NOT_SUPPORTED for a CUDA handle when this build has no CUDA or the device is not sm_90.
+ * A handle is cheap; it owns no device memory. */
+MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc, moekit_handle_t* handle);
+/* Accepts NULL. The plans created from a handle must be destroyed before it. */
+MOEKIT_API moekit_status_t moekit_handle_destroy(moekit_handle_t handle);
+
+/* Accepts NULL. */
+MOEKIT_API moekit_status_t moekit_plan_destroy(moekit_plan_t plan);
+/* Bytes of scratch memory every run of this plan needs (0 is possible; then workspace may be NULL).
+ * A workspace holds nothing between calls; on a CUDA handle it is device memory aligned to 256 bytes. */
+MOEKIT_API moekit_status_t moekit_plan_workspace_size(moekit_plan_t plan, size_t* bytes);
+/* Bytes of the saved-activation buffer a layer forward fills and its backward reads (layers only; 0 for the
+ * building blocks and in inference mode). 256-byte aligned device memory on a CUDA handle. */
+MOEKIT_API moekit_status_t moekit_plan_saved_size(moekit_plan_t plan, size_t* bytes);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Shared enumerations                                                                              */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef enum moekit_router_kind {
+  MOEKIT_ROUTER_SOFTMAX_TOPK = 0, /* top-k of the logits, softmax over the K selected values (SonicMoE) */
+  MOEKIT_ROUTER_TOPK_SOFTMAX = 1, /* softmax over all E, then top-k (Qwen) */
+  MOEKIT_ROUTER_TOPK = 2,         /* top-k of already-activated logits; renormalising needs positive values */
+  MOEKIT_ROUTER_SIGMOID = 3       /* sigmoid, selection by sigmoid + bias, scale (DeepSeek-V3) */
+} moekit_router_kind_t;
+
+typedef enum moekit_activation {
+  MOEKIT_ACT_SWIGLU = 0,     /* silu(gate) * up */
+  MOEKIT_ACT_GEGLU = 1,      /* gelu_tanh(gate) * up */
+  MOEKIT_ACT_REGLU = 2,      /* relu(gate) * up */
+  MOEKIT_ACT_SWIGLU_OAI = 3, /* gpt-oss: min(gate,L) * sigmoid(1.702 min(gate,L)) * (clamp(up,-L,L) + 1) */
+  MOEKIT_ACT_GELU = 16,      /* non-gated (h is I wide): gelu_tanh */
+  MOEKIT_ACT_RELU = 17,
+  MOEKIT_ACT_SILU = 18,
+  MOEKIT_ACT_RELU2 = 19 /* relu(h)^2 */
+} moekit_activation_t;
+
+typedef enum moekit_glu_layout {
+  MOEKIT_GLU_CONCAT = 0,     /* rows 0..I-1 of each expert's W1 are the gate, I..2I-1 the up projection */
+  MOEKIT_GLU_INTERLEAVED = 1 /* even rows gate, odd rows up */
+} moekit_glu_layout_t;
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 1 — Router (SPEC section 1)                                                                */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_router_desc {
+  size_t struct_size;
+  int64_t max_tokens; /* T may be anything in 0..max_tokens at run time */
+  int64_t experts;    /* E >= 1 */
+  int64_t top_k;      /* 1 <= K <= min(E, 32) */
+  int32_t kind;       /* moekit_router_kind_t; default SOFTMAX_TOPK */
+  int32_t renormalize; /* kinds TOPK_SOFTMAX, TOPK, SIGMOID: s = r / sum(r); default 0 */
+  double scale;       /* SIGMOID kind: multiplies the scores; default 1 */
+  int32_t dtype;      /* logits dtype: bf16, fp16, fp32 or fp64 (reference); default bf16 */
+} moekit_router_desc_t;
+
+MOEKIT_API moekit_status_t moekit_router_desc_init(moekit_router_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_router_plan_create(moekit_handle_t handle, const moekit_router_desc_t* desc,
+                                                     moekit_plan_t* plan);
+
+typedef struct moekit_router_fwd_args {
+  size_t struct_size;
+  moekit_tensor_t logits; /* [T, E] dtype; -inf masks an expert; a row needs >= K finite values */
+  moekit_tensor_t bias;   /* [E] fp32, SIGMOID kind only, optional: steers selection, not the scores */
+  moekit_tensor_t scores; /* out [T, K] fp32, in selection order */
+  moekit_tensor_t indices; /* out [T, K] int32 or int64: selected expert ids, value-descending, ties to lower id */
+  moekit_tensor_t counts;  /* out [E] int32, optional: pairs selected per expert (overwritten) */
+} moekit_router_fwd_args_t;
+
+typedef struct moekit_router_bwd_args {
+  size_t struct_size;
+  moekit_tensor_t logits;   /* [T, E] the forward's logits */
+  moekit_tensor_t indices;  /* [T, K] the forward's indices (always the router's own, even for dropped pairs) */
+  moekit_tensor_t dscores;  /* [T, K] fp32: gradient of the scores (0 for dropped pairs) */
+  moekit_tensor_t dlogits;  /* out [T, E] fp32 or the logits dtype */
+  int32_t accumulate;       /* 1: dlogits += gradient; 0: dlogits = gradient (old values never read) */
+} moekit_router_bwd_args_t;
+
+MOEKIT_API moekit_status_t moekit_router_fwd_args_init(moekit_router_fwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_router_bwd_args_init(moekit_router_bwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_router_forward(moekit_plan_t plan, const moekit_router_fwd_args_t* args,
+                                                 void* workspace, size_t workspace_bytes, void* stream);
+MOEKIT_API moekit_status_t moekit_router_backward(moekit_plan_t plan, const moekit_router_bwd_args_t* args,
+                                                  void* workspace, size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 1 — Dispatch metadata: the deterministic CSR (SPEC section 2)                              */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_dispatch_desc {
+  size_t struct_size;
+  int64_t max_tokens;   /* T bound */
+  int64_t top_k;        /* K >= 1 for fixed routing; 0 selects general routing */
+  int64_t max_pairs;    /* general routing: P_max; ignored (= T*K) for fixed routing */
+  int64_t experts;      /* local experts E >= 1 */
+  int64_t expert_begin; /* e0: global id of local expert 0 (expert parallelism); default 0 */
+} moekit_dispatch_desc_t;
+
+MOEKIT_API moekit_status_t moekit_dispatch_desc_init(moekit_dispatch_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_dispatch_plan_create(moekit_handle_t handle, const moekit_dispatch_desc_t* desc,
+                                                       moekit_plan_t* plan);
+
+typedef struct moekit_dispatch_args {
+  size_t struct_size;
+  /* Fixed routing: */
+  moekit_tensor_t indices;     /* [T, K] int32/int64 global expert ids; ids outside [e0, e0+E) drop the pair */
+  /* General routing (top_k = 0): the pairs sorted by token; indices is then [P_max] int32/int64 ids */
+  moekit_tensor_t tok_offsets; /* [T+1] int32: token t owns pairs tok_offsets[t] .. tok_offsets[t+1] */
+  /* Outputs (P = T*K, or P_max): */
+  moekit_tensor_t expert_offsets; /* out [E+1] int32 */
+  moekit_tensor_t gather_idx;     /* out [P] int32: token of grouped row i */
+  moekit_tensor_t pair_idx;       /* out [P] int32: pair of grouped row i */
+  moekit_tensor_t grouped_pos;    /* out [P] int32: grouped row of pair p, -1 when dropped */
+} moekit_dispatch_args_t;
+
+MOEKIT_API moekit_status_t moekit_dispatch_args_init(moekit_dispatch_args_t* args);
+MOEKIT_API moekit_status_t moekit_dispatch(moekit_plan_t plan, const moekit_dispatch_args_t* args, void* workspace,
+                                           size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 1 — Grouped GEMM (SPEC section 5)                                                          */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef enum moekit_gemm_mode {
+  MOEKIT_GEMM_VARLEN_M = 0, /* C[rows of e] = A[rows of e] op(B[e]) */
+  MOEKIT_GEMM_VARLEN_K = 1  /* C[e] = A[rows of e]^T B[rows of e] */
+} moekit_gemm_mode_t;
+
+typedef enum moekit_gemm_b_layout {
+  MOEKIT_GEMM_B_NK = 0, /* varlen M: B [E, N, K] (weights as stored, e.g. W1 [E, 2I, H]) */
+  MOEKIT_GEMM_B_KN = 1  /* varlen M: B [E, K, N] (e.g. W2 [E, H, I] in the backward) */
+} moekit_gemm_b_layout_t;
+
+typedef enum moekit_gemm_gather {
+  MOEKIT_GEMM_GATHER_NONE = 0,
+  MOEKIT_GEMM_GATHER_A = 1, /* row r of A is A_src[gather_idx[r]] */
+  MOEKIT_GEMM_GATHER_B = 2  /* varlen K only: row r of B is B_src[gather_idx[r]] */
+} moekit_gemm_gather_t;
+
+typedef enum moekit_gemm_epilogue {
+  MOEKIT_EPILOGUE_STORE = 0,  /* C = alpha AB + beta C */
+  MOEKIT_EPILOGUE_BIAS = 1,   /* C = alpha AB + bias[e] + beta C (varlen M) */
+  MOEKIT_EPILOGUE_GATED = 2,  /* varlen M: h = alpha AB (+ bias[e]), stored rounded; a = act(rounded h) */
+  MOEKIT_EPILOGUE_DGATED = 3  /* varlen M: dA = alpha AB; outputs dh, a' = s a, ds = dA . a (SPEC 4.1) */
+} moekit_gemm_epilogue_t;
+
+typedef struct moekit_gemm_desc {
+  size_t struct_size;
+  int32_t mode;      /* moekit_gemm_mode_t */
+  int32_t b_layout;  /* moekit_gemm_b_layout_t (varlen M); default NK */
+  int32_t gather;    /* moekit_gemm_gather_t */
+  int32_t epilogue;  /* moekit_gemm_epilogue_t; varlen K supports STORE only */
+  int32_t activation; /* GATED / DGATED: moekit_activation_t */
+  int32_t glu_layout; /* GATED / DGATED, gated activations: moekit_glu_layout_t */
+  double glu_limit;   /* SWIGLU_OAI's L; default 7 */
+  int64_t groups;     /* E */
+  int64_t max_rows;   /* M_total bound: rows of the grouped operand (P) */
+  int64_t gather_rows; /* rows of the gathered source tensor (e.g. T); = max_rows without gather */
+  int64_t n;          /* varlen M: output width N (for GATED, h's width); varlen K: C's last dim N */
+  int64_t k;          /* varlen M: reduction length K; varlen K: C's middle dim M (columns of A) */
+  int32_t dtype;      /* operand dtype: bf16, fp16, fp32, fp64 (reference) */
+  int32_t out_dtype;  /* C dtype: the operand dtype or fp32; default = dtype */
+} moekit_gemm_desc_t;
+
+MOEKIT_API moekit_status_t moekit_gemm_desc_init(moekit_gemm_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_gemm_plan_create(moekit_handle_t handle, const moekit_gemm_desc_t* desc,
+                                                   moekit_plan_t* plan);
+
+typedef struct moekit_gemm_args {
+  size_t struct_size;
+  moekit_tensor_t a;          /* varlen M: [max_rows or gather_rows, k]; varlen K: [max_rows or gather_rows, k] */
+  moekit_tensor_t b;          /* varlen M: [E, n, k] or [E, k, n]; varlen K: [max_rows or gather_rows, n] */
+  moekit_tensor_t offsets;    /* [E+1] int32 on the device: group e owns rows offsets[e] .. offsets[e+1] */
+  moekit_tensor_t gather_idx; /* [max_rows] int32/int64, with gather A or B */
+  moekit_tensor_t bias;       /* [E, n] operand dtype, BIAS (required) and GATED (optional) */
+  moekit_tensor_t c;          /* out: STORE/BIAS [max_rows, n] (varlen M) or [E, k, n] (varlen K);
+                                 GATED: h [max_rows, n]; DGATED: dh [max_rows, n] (n = h's width) */
+  moekit_tensor_t h;          /* DGATED in: [max_rows, n] the stored pre-activation */
+  moekit_tensor_t act;        /* GATED out: a [max_rows, n/2] (n for non-gated); DGATED out: a' = s a */
+  moekit_tensor_t row_scale;  /* DGATED in: [P] fp32 scores, read at pair_idx[r] */
+  moekit_tensor_t pair_idx;   /* DGATED in: [max_rows] int32 */
+  moekit_tensor_t dscores;    /* DGATED out: [P] fp32, ds[pair_idx[r]] = dA_r . a_r; other entries untouched */
+  double alpha;               /* default 1 */
+  double beta;                /* STORE/BIAS only; 0 (default): C is never read */
+} moekit_gemm_args_t;
+
+MOEKIT_API moekit_status_t moekit_gemm_args_init(moekit_gemm_args_t* args);
+MOEKIT_API moekit_status_t moekit_gemm(moekit_plan_t plan, const moekit_gemm_args_t* args, void* workspace,
+                                       size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 1 — Combine, broadcast backward, db1, db2 + ds (SPEC section 6)                            */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_combine_desc {
+  size_t struct_size;
+  int64_t max_tokens;
+  int64_t top_k;     /* K >= 1; 0 = variable top-k through tok_offsets */
+  int64_t max_pairs; /* variable top-k: P_max; ignored (= T*K) otherwise */
+  int64_t hidden;    /* H */
+  int32_t dtype;     /* of y / out */
+} moekit_combine_desc_t;
+
+MOEKIT_API moekit_status_t moekit_combine_desc_init(moekit_combine_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_combine_plan_create(moekit_handle_t handle, const moekit_combine_desc_t* desc,
+                                                      moekit_plan_t* plan);
+
+typedef struct moekit_combine_args {
+  size_t struct_size;
+  moekit_tensor_t grouped;     /* [P, H]: y (combine) or dxe (broadcast backward), grouped rows */
+  moekit_tensor_t scores;      /* combine: [T, K] fp32 (or [P_max] with variable top-k); broadcast: absent */
+  moekit_tensor_t grouped_pos; /* [P] int32: grouped row of pair p, -1 for a dropped pair (contributes 0) */
+  moekit_tensor_t tok_offsets; /* [T+1] int32, variable top-k only */
+  moekit_tensor_t out;         /* out [T, H]: out_t = beta out_t + sum over pairs of t, ascending (fp32 sum) */
+  double beta;                 /* 0: out is never read */
+} moekit_combine_args_t;
+
+MOEKIT_API moekit_status_t moekit_combine_args_init(moekit_combine_args_t* args);
+/* out_t = beta out_t + sum_k s[t,k] y[grouped_pos[t,k]] */
+MOEKIT_API moekit_status_t moekit_combine(moekit_plan_t plan, const moekit_combine_args_t* args, void* workspace,
+                                          size_t workspace_bytes, void* stream);
+/* dx_t = beta dx_t + sum_k dxe[grouped_pos[t,k]] (scores must be absent) */
+MOEKIT_API moekit_status_t moekit_broadcast_backward(moekit_plan_t plan, const moekit_combine_args_t* args,
+                                                     void* workspace, size_t workspace_bytes, void* stream);
+
+typedef struct moekit_bias_grad_desc {
+  size_t struct_size;
+  int64_t experts;  /* E */
+  int64_t max_rows; /* P */
+  int64_t width;    /* db1: 2I (or I); db2: H */
+  int64_t max_tokens; /* db2: T (rows of dout) */
+  int32_t dtype;    /* of dh / dout */
+  int32_t out_dtype; /* of db1 / db2: the dtype or fp32; default = dtype */
+} moekit_bias_grad_desc_t;
+
+MOEKIT_API moekit_status_t moekit_bias_grad_desc_init(moekit_bias_grad_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_bias_grad_plan_create(moekit_handle_t handle, const moekit_bias_grad_desc_t* desc,
+                                                        moekit_plan_t* plan);
+
+typedef struct moekit_db1_args {
+  size_t struct_size;
+  moekit_tensor_t dh;      /* [P, width] grouped rows */
+  moekit_tensor_t offsets; /* [E+1] int32 */
+  moekit_tensor_t db1;     /* out [E, width]: beta db1 + sum of the expert's rows (fp32 sum in row order) */
+  double beta;
+} moekit_db1_args_t;
+
+typedef struct moekit_db2_ds_args {
+  size_t struct_size;
+  moekit_tensor_t dout;       /* [T, H] */
+  moekit_tensor_t scores;     /* [T, K] fp32 (flat [P]) */
+  moekit_tensor_t b2;         /* [E, H] bias of the down projection, optional: without it ds is untouched */
+  moekit_tensor_t offsets;    /* [E+1] int32 */
+  moekit_tensor_t gather_idx; /* [P] int32: token of grouped row i */
+  moekit_tensor_t pair_idx;   /* [P] int32: pair of grouped row i */
+  moekit_tensor_t db2;        /* out [E, H], optional: beta db2 + sum over the expert's rows of s dout_t */
+  moekit_tensor_t dscores;    /* in/out [T, K] fp32: ds[p] += dout_t . b2[e] for every valid pair */
+  double beta;
+} moekit_db2_ds_args_t;
+
+MOEKIT_API moekit_status_t moekit_db1_args_init(moekit_db1_args_t* args);
+MOEKIT_API moekit_status_t moekit_db2_ds_args_init(moekit_db2_ds_args_t* args);
+MOEKIT_API moekit_status_t moekit_db1(moekit_plan_t plan, const moekit_db1_args_t* args, void* workspace,
+                                      size_t workspace_bytes, void* stream);
+MOEKIT_API moekit_status_t moekit_db2_ds(moekit_plan_t plan, const moekit_db2_ds_args_t* args, void* workspace,
+                                         size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 1 — Sparse-FFN group selection, load balance, subsample rows (SPEC section 7)              */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_sparse_ffn_desc {
+  size_t struct_size;
+  int64_t max_tokens;
+  int64_t d_model;    /* D */
+  int64_t d_ff;       /* F, a multiple of group_size */
+  int64_t group_size; /* G: 16, 32, 64 or 128 */
+  int64_t top_groups; /* kg: groups kept per token, 1..F/G */
+  int64_t subsample;  /* spg: rows per group the energy is estimated from; 0 (default) = all G */
+  int32_t dtype;      /* bf16, fp16, fp32, fp64 (reference) */
+  int32_t inference;  /* layer only: no backward follows, no saved buffer */
+  int32_t weight_grad_dtype; /* layer only: dtype of dWg, dWu, dWd: dtype (default) or fp32 */
+} moekit_sparse_ffn_desc_t;
+
+MOEKIT_API moekit_status_t moekit_sparse_ffn_desc_init(moekit_sparse_ffn_desc_t* desc);
+/* A plan for group selection alone (moekit_group_select). */
+MOEKIT_API moekit_status_t moekit_group_select_plan_create(moekit_handle_t handle,
+                                                           const moekit_sparse_ffn_desc_t* desc, moekit_plan_t* plan);
+
+typedef struct moekit_group_select_args {
+  size_t struct_size;
+  moekit_tensor_t x;         /* [T, D] */
+  moekit_tensor_t w_gate;    /* [F, D] */
+  moekit_tensor_t subsample_rows; /* [F/G, spg] int32 global neuron ids, required iff spg > 0 */
+  moekit_tensor_t lb_bias;   /* [F/G] fp32, optional: energy *= exp(bias) */
+  moekit_tensor_t groups;    /* out [T, kg] int32: selected groups, energy-descending, ties to lower id */
+  moekit_tensor_t counts;    /* out [F/G] int32, optional: tokens selecting each group (overwritten) */
+} moekit_group_select_args_t;
+
+MOEKIT_API moekit_status_t moekit_group_select_args_init(moekit_group_select_args_t* args);
+MOEKIT_API moekit_status_t moekit_group_select(moekit_plan_t plan, const moekit_group_select_args_t* args,
+                                               void* workspace, size_t workspace_bytes, void* stream);
+
+typedef struct moekit_load_balance_args {
+  size_t struct_size;
+  moekit_tensor_t counts; /* [NG] int32, int64 or fp32: selections per group, summed over what the caller wants */
+  moekit_tensor_t ema;    /* in/out [NG] fp32 */
+  moekit_tensor_t bias;   /* in/out [NG] fp32 */
+  double tokens;          /* tokens the counts were taken over (> 0) */
+  int64_t top_groups;     /* kg: target = kg / NG */
+  double momentum;        /* m; default 0.99 */
+  double gamma;           /* step; default 1e-3 */
+  double bias_max;        /* clamp; default 0.5 */
+} moekit_load_balance_args_t;
+
+MOEKIT_API moekit_status_t moekit_load_balance_args_init(moekit_load_balance_args_t* args);
+/* freq = counts / tokens; ema = m ema + (1-m) freq; target = kg/NG; bias -= gamma sign(ema - target) where
+ * ema < target/2 or ema > 2 target (strict); bias = clamp(bias, -bias_max, bias_max). Enqueued on stream. */
+MOEKIT_API moekit_status_t moekit_load_balance_update(moekit_handle_t handle, const moekit_load_balance_args_t* args,
+                                                      void* stream);
+
+/* Host function: draws `rows_per_group` distinct neuron ids per group, reproducibly from `seed`, into
+ * out[num_groups * rows_per_group] (group-major; ids are global: g*G + j). The exact steps, so any language
+ * can reproduce them: state = seed; for g in 0..NG-1: perm = [0, 1, ..., G-1]; for j in 0..spg-1:
+ *   state += 0x9E3779B97F4A7C15; z = state; z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9;
+ *   z = (z ^ (z >> 27)) * 0x94D049BB133111EB; z ^= z >> 31  (SplitMix64, all mod 2^64);
+ *   r = j + z mod (G - j); swap(perm[j], perm[r]); out[g*spg + j] = g*G + perm[j].
+ * 1 <= rows_per_group <= group_size. */
+MOEKIT_API moekit_status_t moekit_subsample_rows(uint64_t seed, int64_t num_groups, int64_t group_size,
+                                                 int64_t rows_per_group, int32_t* out);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 2 — The MoE layer (SPEC sections 3 and 4)                                                  */
+/* ------------------------------------------------------------------------------------------------ */
+
+typedef struct moekit_moe_desc {
+  size_t struct_size;
+  int64_t max_tokens;   /* T bound; each call takes T = x.shape[0] in 0..max_tokens */
+  int64_t hidden;       /* H */
+  int64_t intermediate; /* I: one GLU half (the whole h for non-gated activations) */
+  int64_t router_experts; /* experts the router chooses among (rows of Wr) */
+  int64_t experts;      /* local experts E held in W1, W2 (= router_experts without expert parallelism) */
+  int64_t expert_begin; /* global id of local expert 0; pairs routed elsewhere are dropped; default 0 */
+  int64_t top_k;        /* K */
+  int32_t activation;   /* moekit_activation_t; default SWIGLU */
+  int32_t glu_layout;   /* moekit_glu_layout_t; default CONCAT */
+  double glu_limit;     /* SWIGLU_OAI's L; default 7 */
+  int32_t router;       /* moekit_router_kind_t; default SOFTMAX_TOPK */
+  int32_t renormalize;
+  double router_scale;  /* SIGMOID kind; default 1 */
+  int32_t has_b1;       /* b1 [E, 2I] present */
+  int32_t has_b2;       /* b2 [E, H] present */
+  int32_t inference;    /* forward only: stores no h, needs no saved buffer */
+  int32_t dtype;        /* bf16 (default), fp16, fp64 (reference) */
+  int32_t weight_grad_dtype; /* dWr, dW1, db1, dW2, db2: dtype (default) or fp32 */
+} moekit_moe_desc_t;
+
+MOEKIT_API moekit_status_t moekit_moe_desc_init(moekit_moe_desc_t* desc);
+MOEKIT_API moekit_status_t moekit_moe_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
+                                                  moekit_plan_t* plan);
+
+typedef struct moekit_moe_fwd_args {
+  size_t struct_size;
+  moekit_tensor_t x;           /* [T, H] */
+  moekit_tensor_t w_router;    /* [router_experts, H] */
+  moekit_tensor_t router_bias; /* [router_experts] fp32, SIGMOID kind, optional (selection only) */
+  moekit_tensor_t w1;          /* [E, 2I, H] ([E, I, H] non-gated) */
+  moekit_tensor_t b1;          /* [E, 2I], iff has_b1 */
+  moekit_tensor_t w2;          /* [E, H, I] */
+  moekit_tensor_t b2;          /* [E, H], iff has_b2 */
+  moekit_tensor_t out;         /* out [T, H] = beta_out out + sum over valid pairs of s y */
+  moekit_tensor_t scores;      /* out [T, K] fp32, optional */
+  moekit_tensor_t indices;     /* out [T, K] int32/int64, optional: global expert ids */
+  moekit_tensor_t counts;      /* out [router_experts] int32, optional: pairs per expert (before dropping) */
+  double beta_out;             /* 0: out is never read */
+} moekit_moe_fwd_args_t;
+
+typedef struct moekit_moe_bwd_args {
+  size_t struct_size;
+  moekit_tensor_t x;        /* [T, H] the same, unmodified x the forward read */
+  moekit_tensor_t dout;     /* [T, H] */
+  moekit_tensor_t w_router; /* [router_experts, H] */
+  moekit_tensor_t w1;       /* [E, 2I, H] */
+  moekit_tensor_t w2;       /* [E, H, I] */
+  moekit_tensor_t b2;       /* [E, H], iff has_b2 (enters ds) */
+  /* Input gradient (compute_input_grad): */
+  moekit_tensor_t dx;       /* out [T, H] */
+  /* Weight gradients (compute_weight_grad), in weight_grad_dtype: */
+  moekit_tensor_t dw_router; /* [router_experts, H] */
+  moekit_tensor_t dw1;       /* [E, 2I, H] */
+  moekit_tensor_t db1;       /* [E, 2I], iff has_b1 */
+  moekit_tensor_t dw2;       /* [E, H, I] */
+  moekit_tensor_t db2;       /* [E, H], iff has_b2 */
+  int32_t compute_input_grad;  /* default 1 */
+  int32_t compute_weight_grad; /* default 1 */
+  /* grad = beta * grad + new; 0: the old value is never read. */
+  double beta_dx, beta_dw_router, beta_dw1, beta_db1, beta_dw2, beta_db2;
+} moekit_moe_bwd_args_t;
+
+MOEKIT_API moekit_status_t moekit_moe_fwd_args_init(moekit_moe_fwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_moe_bwd_args_init(moekit_moe_bwd_args_t* args);
+/* Fills `saved` (moekit_plan_saved_size bytes; NULL/0 in inference mode) for the backward. */
+MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_moe_fwd_args_t* args, void* saved,
+                                              size_t saved_bytes, void* workspace, size_t workspace_bytes,
+                                              void* stream);
+/* Reads `saved` as the forward of THIS plan left it (another plan's buffer: INVALID_VALUE); never writes it, so
+ * the input- and weight-gradient calls may come in either order. */
+MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_moe_bwd_args_t* args,
+                                               const void* saved, size_t saved_bytes, void* workspace,
+                                               size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 2 — The experts alone, on pre-grouped rows (expert parallelism)                            */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* y_i = act(x_i W1[e]^T + b1[e]) W2[e]^T + b2[e] for each grouped row i of expert e; no router, no scores,
+ * no combine: what an expert-parallel framework runs between its all-to-all dispatch and combine. Uses the
+ * fields hidden, intermediate, experts, activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
+ * weight_grad_dtype of moekit_moe_desc_t, and max_tokens as the row bound P. */
+MOEKIT_API moekit_status_t moekit_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
+                                                      moekit_plan_t* plan);
+
+typedef struct moekit_experts_fwd_args {
+  size_t struct_size;
+  moekit_tensor_t x;       /* [P, H] grouped rows */
+  moekit_tensor_t offsets; /* [E+1] int32: expert e owns rows offsets[e] .. offsets[e+1] */
+  moekit_tensor_t w1, b1, w2, b2;
+  moekit_tensor_t y;       /* out [P, H] (rows past offsets[E] untouched) */
+} moekit_experts_fwd_args_t;
+
+typedef struct moekit_experts_bwd_args {
+  size_t struct_size;
+  moekit_tensor_t x, offsets, w1, w2;
+  moekit_tensor_t dy;      /* [P, H] */
+  moekit_tensor_t dx;      /* out [P, H] */
+  moekit_tensor_t dw1, db1, dw2, db2;
+  int32_t compute_input_grad, compute_weight_grad;
+  double beta_dx, beta_dw1, beta_db1, beta_dw2, beta_db2;
+} moekit_experts_bwd_args_t;
+
+MOEKIT_API moekit_status_t moekit_experts_fwd_args_init(moekit_experts_fwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_experts_bwd_args_init(moekit_experts_bwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_experts_forward(moekit_plan_t plan, const moekit_experts_fwd_args_t* args,
+                                                  void* saved, size_t saved_bytes, void* workspace,
+                                                  size_t workspace_bytes, void* stream);
+MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moekit_experts_bwd_args_t* args,
+                                                   const void* saved, size_t saved_bytes, void* workspace,
+                                                   size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
+/* Level 2 — The sparse SwiGLU FFN layer (SPEC section 7)                                           */
+/* ------------------------------------------------------------------------------------------------ */
+
+MOEKIT_API moekit_status_t moekit_sparse_ffn_plan_create(moekit_handle_t handle, const moekit_sparse_ffn_desc_t* desc,
+                                                         moekit_plan_t* plan);
+
+typedef struct moekit_sparse_ffn_fwd_args {
+  size_t struct_size;
+  moekit_tensor_t x;              /* [T, D] */
+  moekit_tensor_t w_gate;         /* [F, D] */
+  moekit_tensor_t w_up;           /* [F, D] */
+  moekit_tensor_t w_down;         /* [D, F] */
+  moekit_tensor_t subsample_rows; /* [F/G, spg] int32, iff spg > 0 */
+  moekit_tensor_t lb_bias;        /* [F/G] fp32, optional */
+  moekit_tensor_t out;            /* out [T, D] = beta_out out + y */
+  moekit_tensor_t groups;         /* out [T, kg] int32, optional */
+  moekit_tensor_t counts;         /* out [F/G] int32, optional */
+  double beta_out;
+} moekit_sparse_ffn_fwd_args_t;
+
+typedef struct moekit_sparse_ffn_bwd_args {
+  size_t struct_size;
+  moekit_tensor_t x, w_gate, w_up, w_down;
+  moekit_tensor_t dout;   /* [T, D] */
+  moekit_tensor_t dx;     /* out [T, D] */
+  moekit_tensor_t dw_gate, dw_up, dw_down; /* out; only selected groups' rows/columns change when beta = 1 */
+  int32_t compute_input_grad, compute_weight_grad;
+  double beta_dx, beta_dw_gate, beta_dw_up, beta_dw_down;
+} moekit_sparse_ffn_bwd_args_t;
+
+MOEKIT_API moekit_status_t moekit_sparse_ffn_fwd_args_init(moekit_sparse_ffn_fwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_sparse_ffn_bwd_args_init(moekit_sparse_ffn_bwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_sparse_ffn_forward(moekit_plan_t plan, const moekit_sparse_ffn_fwd_args_t* args,
+                                                     void* saved, size_t saved_bytes, void* workspace,
+                                                     size_t workspace_bytes, void* stream);
+MOEKIT_API moekit_status_t moekit_sparse_ffn_backward(moekit_plan_t plan, const moekit_sparse_ffn_bwd_args_t* args,
+                                                      const void* saved, size_t saved_bytes, void* workspace,
+                                                      size_t workspace_bytes, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* MOEKIT_MOEKIT_H */
