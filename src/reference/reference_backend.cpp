@@ -1,0 +1,13 @@
+#include "reference/reference_backend.h"
+
+#include "reference/parallel.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace ref {
+
+ReferenceBackend::ReferenceBackend(int num_threads) { set_thread_count(num_threads); }
+
+}  // namespace ref
+}  // namespace v0
+}  // namespace moekit

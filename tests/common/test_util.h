@@ -1,0 +1,75 @@
+// Shared test helpers: owning host tensors that hand out moekit_tensor_t views, random fills, poisoning, the
+// three error metrics of SPEC section 9, and a REQUIRE that prints the library's last error on failure.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+
+namespace moekit_test {
+
+// A contiguous host tensor of any moekit dtype; values go in and out as double / int64.
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(moekit_dtype_t dtype, std::vector<int64_t> shape);
+
+  moekit_tensor_t view();  // a moekit_tensor_t on the CPU device
+  moekit_dtype_t dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const;
+  int64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }
+  int64_t row_width() const { return rows() == 0 ? 0 : numel() / rows(); }
+  void* data() { return bytes_.data(); }
+
+  double get(int64_t i) const;           // element i (row-major), converted to double
+  void set(int64_t i, double v);         // rounds v to the dtype
+  std::vector<double> values() const;    // all elements as double
+  void set_values(const std::vector<double>& v);
+
+  // Uniform in [-scale, scale] (rounded to the dtype); integer dtypes get integers in [0, scale).
+  void fill_uniform(std::mt19937_64& rng, double scale);
+  // A recognisable garbage pattern (NaN for floats, 0x7eadbeef-ish for integers): outputs are poisoned before a call.
+  void poison();
+  bool bytes_equal(const HostTensor& other) const;
+
+ private:
+  moekit_dtype_t dtype_ = MOEKIT_DTYPE_INVALID;
+  std::vector<int64_t> shape_;
+  std::vector<uint8_t> bytes_;
+};
+
+size_t dtype_size(moekit_dtype_t dtype);
+
+// SPEC section 9 metrics between `out` and `ref`, both dense row-major with rows of `width` elements.
+// segments: row offsets [S+1] of the segments for the per-segment metric (empty = one segment, the whole tensor).
+struct ErrorMetrics {
+  double whole;        // ||out - ref|| / ||ref||
+  double worst_segment; // max over non-empty segments of the same ratio
+  double worst_row;    // max over rows of ||row - ref_row|| / (||ref_row|| + 1e-3 * rms(ref))
+  bool any_nan;
+};
+ErrorMetrics compare(const std::vector<double>& out, const std::vector<double>& ref, int64_t width,
+                     const std::vector<int64_t>& segments = {});
+
+struct Bounds {
+  double whole, segment, row;
+};
+Bounds bounds_for(moekit_dtype_t dtype);  // bf16 1e-2/2e-2/5e-2, fp16 2e-3/4e-3/1e-2, fp32 1e-5, fp64 1e-12
+bool within(const ErrorMetrics& m, const Bounds& b);
+std::string describe(const ErrorMetrics& m);
+
+std::string last_error();  // moekit_get_last_error as a std::string
+
+}  // namespace moekit_test
+
+// REQUIRE that a moekit call succeeded, printing the status and the last error otherwise.
+#define MOEKIT_REQUIRE_OK(call)                                                                           \
+  do {                                                                                                    \
+    moekit_status_t moekit_require_status_ = (call);                                                      \
+    INFO(#call << " -> " << moekit_status_string(moekit_require_status_) << ": " << moekit_test::last_error()); \
+    REQUIRE(moekit_require_status_ == MOEKIT_SUCCESS);                                                    \
+  } while (0)
