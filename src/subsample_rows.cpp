@@ -1,0 +1,51 @@
+#include "subsample_rows.h"
+
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "error.h"
+
+namespace moekit {
+inline namespace v0 {
+
+namespace {
+
+// SplitMix64: advances the state and returns its next output (all arithmetic mod 2^64).
+uint64_t splitmix64_next(uint64_t& state) {
+  state += 0x9E3779B97F4A7C15ull;
+  uint64_t z = state;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void subsample_rows(uint64_t seed, int64_t num_groups, int64_t group_size, int64_t rows_per_group, int32_t* out) {
+  if (num_groups < 0) throw_invalid("num_groups: must be >= 0, got " + std::to_string(num_groups));
+  if (group_size < 1) throw_invalid("group_size: must be >= 1, got " + std::to_string(group_size));
+  if (rows_per_group < 1 || rows_per_group > group_size)
+    throw_invalid("rows_per_group: must be in [1, group_size = " + std::to_string(group_size) + "], got " +
+                  std::to_string(rows_per_group));
+  if (out == nullptr && num_groups > 0) throw_invalid("out: must not be NULL");
+  if (num_groups * group_size > INT32_MAX)
+    throw_invalid("num_groups: num_groups * group_size = " + std::to_string(num_groups * group_size) +
+                  " neuron ids do not fit int32");
+  uint64_t state = seed;
+  std::vector<int64_t> perm(static_cast<size_t>(group_size));
+  for (int64_t g = 0; g < num_groups; ++g) {
+    std::iota(perm.begin(), perm.end(), int64_t{0});
+    // A partial Fisher-Yates shuffle: the first rows_per_group entries become a uniform draw without repeats.
+    for (int64_t j = 0; j < rows_per_group; ++j) {
+      uint64_t z = splitmix64_next(state);
+      int64_t r = j + static_cast<int64_t>(z % static_cast<uint64_t>(group_size - j));
+      std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(r)]);
+      out[g * rows_per_group + j] = static_cast<int32_t>(g * group_size + perm[static_cast<size_t>(j)]);
+    }
+  }
+}
+
+}  // namespace v0
+}  // namespace moekit
