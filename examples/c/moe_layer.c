@@ -207,42 +207,56 @@ static void report_norm(const char* name, double norm) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* Choosing the backend                                                                           */
+/* The layer                                                                                      */
 /* ---------------------------------------------------------------------------------------------- */
 
-/* A handle and a plan for the layer on `backend`. Returns the status of the first call that failed;
- * NOT_SUPPORTED (no GPU, no CUDA in this build, the layer not implemented yet) lets the caller fall back. */
-static moekit_status_t create_layer(moekit_backend_t backend, const moekit_moe_desc_t* desc, moekit_handle_t* handle,
-                                    moekit_plan_t* plan) {
+/* On the CUDA backend, NOT_SUPPORTED (no usable GPU, a build without CUDA, an operation not written yet) goes back
+ * to main, which falls back to the reference backend; every other failure ends the program. */
+static int not_supported_on_cuda(moekit_status_t status, const char* call) {
+  if (status == MOEKIT_STATUS_NOT_SUPPORTED && use_cuda) return 1;
+  check(status, call);
+  return 0;
+}
+#define CHECK_OR_FALL_BACK(call, on_fallback)                                           \
+  do {                                                                                  \
+    status = (call);                                                                    \
+    if (not_supported_on_cuda(status, #call)) goto on_fallback;                         \
+  } while (0)
+
+/* A handle for `backend` and a plan for the layer: every decision the calls need, from host values only. */
+static moekit_status_t create_layer(moekit_backend_t backend, moekit_handle_t* handle, moekit_plan_t* plan) {
   moekit_handle_desc_t handle_desc;
+  moekit_moe_desc_t desc;
   moekit_status_t status;
+
   CHECK(moekit_handle_desc_init(&handle_desc));
   handle_desc.backend = backend;
-  *handle = NULL;
-  *plan = NULL;
-  status = moekit_handle_create(&handle_desc, handle);
-  if (status != MOEKIT_SUCCESS) return status;
-  status = moekit_moe_plan_create(*handle, desc, plan);
-  if (status != MOEKIT_SUCCESS) {
-    moekit_handle_destroy(*handle);
-    *handle = NULL;
-  }
+  CHECK_OR_FALL_BACK(moekit_handle_create(&handle_desc, handle), no_handle);
+
+  CHECK(moekit_moe_desc_init(&desc));
+  desc.max_tokens = TOKENS;
+  desc.hidden = HIDDEN;
+  desc.intermediate = INTERMEDIATE;
+  desc.router_experts = EXPERTS;
+  desc.experts = EXPERTS;
+  desc.top_k = TOP_K;
+  desc.activation = MOEKIT_ACT_SWIGLU;
+  desc.router = MOEKIT_ROUTER_SOFTMAX_TOPK;
+  desc.dtype = MOEKIT_DTYPE_BF16;
+  desc.weight_grad_dtype = MOEKIT_DTYPE_FP32;
+  CHECK_OR_FALL_BACK(moekit_moe_plan_create(*handle, &desc, plan), no_plan);
+  return MOEKIT_SUCCESS;
+
+no_plan:
+  CHECK(moekit_handle_destroy(*handle));
+no_handle:
   return status;
 }
 
-static void print_not_supported(const char* backend_name) {
-  char message[1024];
-  moekit_get_last_error(message, sizeof message);
-  printf("note: the %s backend cannot run this layer here (%s); using the reference backend\n", backend_name,
-         message);
-}
-
-int main(int argc, char** argv) {
+/* Forward, backward, and the forward again; then the report. Returns MOEKIT_SUCCESS, or NOT_SUPPORTED from the
+ * CUDA backend. */
+static moekit_status_t run_layer(moekit_plan_t plan) {
   const int64_t T = TOKENS, H = HIDDEN, I = INTERMEDIATE, E = EXPERTS, K = TOP_K;
-  int want_cuda = 1, cuda_requested = 0;
-  moekit_moe_desc_t desc;
-  moekit_handle_t handle = NULL;
-  moekit_plan_t plan = NULL;
   moekit_status_t status;
   size_t workspace_bytes = 0, saved_bytes = 0;
   buffer_t x, w_router, w1, w2, dout, out, out_again, counts, dx, dw_router, dw1, dw2, workspace, saved;
@@ -252,58 +266,13 @@ int main(int argc, char** argv) {
   int64_t pairs_counted = 0;
   int e;
 
-  /* Arguments. */
-  if (argc == 3 && strcmp(argv[1], "--backend") == 0 && strcmp(argv[2], "cuda") == 0) {
-    cuda_requested = 1;
-  } else if (argc == 3 && strcmp(argv[1], "--backend") == 0 && strcmp(argv[2], "reference") == 0) {
-    want_cuda = 0;
-  } else if (argc != 1) {
-    fprintf(stderr, "usage: %s [--backend cuda|reference]\n", argv[0]);
-    return 2;
-  }
-
-  printf("moekit %d.%d.%d (header %d.%d.%d)\n", moekit_get_version() / 10000, moekit_get_version() / 100 % 100,
-         moekit_get_version() % 100, MOEKIT_VERSION_MAJOR, MOEKIT_VERSION_MINOR, MOEKIT_VERSION_PATCH);
-
-  /* The layer: everything the plan needs to know, host values only. */
-  CHECK(moekit_moe_desc_init(&desc));
-  desc.max_tokens = T;
-  desc.hidden = H;
-  desc.intermediate = I;
-  desc.router_experts = E;
-  desc.experts = E;
-  desc.top_k = K;
-  desc.activation = MOEKIT_ACT_SWIGLU;
-  desc.router = MOEKIT_ROUTER_SOFTMAX_TOPK;
-  desc.dtype = MOEKIT_DTYPE_BF16;
-  desc.weight_grad_dtype = MOEKIT_DTYPE_FP32;
-
-  /* The backend: CUDA if it can serve the layer, else the reference backend. */
-  if (want_cuda) {
-    status = create_layer(MOEKIT_BACKEND_CUDA, &desc, &handle, &plan);
-    if (status == MOEKIT_SUCCESS) {
-      use_cuda = 1;
-    } else if (status == MOEKIT_STATUS_NOT_SUPPORTED && !cuda_requested) {
-      print_not_supported("CUDA");
-    } else {
-      check(status, "creating a CUDA handle and MoE plan");
-    }
-  }
-  if (!use_cuda) CHECK(create_layer(MOEKIT_BACKEND_REFERENCE, &desc, &handle, &plan));
-#ifndef MOE_LAYER_WITH_CUDA
-  /* This program was built without the CUDA runtime, so it has no way to fill device memory. */
-  if (use_cuda) fail("the CUDA backend is available but this example was built without CUDA");
-#endif
-  printf("backend: %s\n", use_cuda ? "cuda" : "reference (CPU)");
-  printf("layer: bf16, T=%lld H=%lld I=%lld E=%lld K=%lld, SwiGLU, softmax over the top-k\n", (long long)T,
-         (long long)H, (long long)I, (long long)E, (long long)K);
-
   /* Sizes come from the plan; the caller allocates. */
   CHECK(moekit_plan_workspace_size(plan, &workspace_bytes));
   CHECK(moekit_plan_saved_size(plan, &saved_bytes));
-  printf("workspace: %zu bytes, saved activations: %zu bytes\n", workspace_bytes, saved_bytes);
 
-  /* Inputs, scaled so every output is O(1): x ~ U(-1, 1), each weight ~ U(-1, 1) / sqrt(fan-in). */
+  /* Inputs, scaled so every output is O(1): x ~ U(-1, 1), each weight ~ U(-1, 1) / sqrt(fan-in). The same seed
+   * gives the same inputs on every backend. */
+  rng_state = 42;
   x = random_bf16((size_t)(T * H), 1.0f);
   w_router = random_bf16((size_t)(E * H), 1.0f / sqrtf((float)H));
   w1 = random_bf16((size_t)(E * 2 * I * H), 1.0f / sqrtf((float)H));
@@ -328,7 +297,8 @@ int main(int argc, char** argv) {
   fwd.out = view(&out, MOEKIT_DTYPE_BF16, 2, T, H, 0);
   fwd.counts = view(&counts, MOEKIT_DTYPE_INT32, 1, E, 0, 0);
   start = now_seconds();
-  CHECK(moekit_moe_forward(plan, &fwd, saved.device, saved.bytes, workspace.device, workspace.bytes, NULL));
+  CHECK_OR_FALL_BACK(
+      moekit_moe_forward(plan, &fwd, saved.device, saved.bytes, workspace.device, workspace.bytes, NULL), release);
   wait_for_device();
   fwd_ms = 1e3 * (now_seconds() - start);
 
@@ -344,7 +314,8 @@ int main(int argc, char** argv) {
   bwd.dw1 = view(&dw1, MOEKIT_DTYPE_FP32, 3, E, 2 * I, H);
   bwd.dw2 = view(&dw2, MOEKIT_DTYPE_FP32, 3, E, H, I);
   start = now_seconds();
-  CHECK(moekit_moe_backward(plan, &bwd, saved.device, saved.bytes, workspace.device, workspace.bytes, NULL));
+  CHECK_OR_FALL_BACK(
+      moekit_moe_backward(plan, &bwd, saved.device, saved.bytes, workspace.device, workspace.bytes, NULL), release);
   wait_for_device();
   bwd_ms = 1e3 * (now_seconds() - start);
 
@@ -363,6 +334,10 @@ int main(int argc, char** argv) {
   buffer_download(&dw1);
   buffer_download(&dw2);
 
+  printf("backend: %s\n", use_cuda ? "cuda" : "reference (CPU)");
+  printf("layer: bf16, T=%lld H=%lld I=%lld E=%lld K=%lld, SwiGLU, softmax over the top-k, fp32 weight gradients\n",
+         (long long)T, (long long)H, (long long)I, (long long)E, (long long)K);
+  printf("workspace: %zu bytes, saved activations: %zu bytes\n", workspace_bytes, saved_bytes);
   printf("time: forward %.3f ms, backward %.3f ms, forward again %.3f ms\n", fwd_ms, bwd_ms, fwd_again_ms);
   printf("pairs per expert:");
   for (e = 0; e < EXPERTS; ++e) {
@@ -381,6 +356,7 @@ int main(int argc, char** argv) {
   if (memcmp(out.host, out_again.host, out.bytes) != 0) fail("a second forward gave different bits");
   printf("second forward: bitwise identical\n");
 
+release:
   buffer_free(&x);
   buffer_free(&w_router);
   buffer_free(&w1);
@@ -395,8 +371,59 @@ int main(int argc, char** argv) {
   buffer_free(&dw2);
   buffer_free(&workspace);
   buffer_free(&saved);
+  return status;
+}
+
+/* Creates, runs and destroys the layer on `backend`; NOT_SUPPORTED from the CUDA backend is returned. */
+static moekit_status_t run_on(moekit_backend_t backend) {
+  moekit_handle_t handle = NULL;
+  moekit_plan_t plan = NULL;
+  moekit_status_t status;
+
+  use_cuda = backend == MOEKIT_BACKEND_CUDA;
+  status = create_layer(backend, &handle, &plan);
+  if (status != MOEKIT_SUCCESS) return status;
+  status = run_layer(plan);
   CHECK(moekit_plan_destroy(plan));
   CHECK(moekit_handle_destroy(handle));
+  return status;
+}
+
+int main(int argc, char** argv) {
+  const int32_t version = moekit_get_version();
+  int try_cuda = 1, cuda_requested = 0;
+  char message[1024];
+
+  if (argc == 3 && strcmp(argv[1], "--backend") == 0 && strcmp(argv[2], "cuda") == 0) {
+    cuda_requested = 1;
+  } else if (argc == 3 && strcmp(argv[1], "--backend") == 0 && strcmp(argv[2], "reference") == 0) {
+    try_cuda = 0;
+  } else if (argc != 1) {
+    fprintf(stderr, "usage: %s [--backend cuda|reference]\n", argv[0]);
+    return 2;
+  }
+  printf("moekit %d.%d.%d\n", (int)(version / 10000), (int)(version / 100 % 100), (int)(version % 100));
+#ifndef MOE_LAYER_WITH_CUDA
+  /* Built without the CUDA runtime, this program has no way to fill device memory. */
+  if (try_cuda) printf("note: built without CUDA; using the reference backend\n");
+  if (cuda_requested) return EXIT_FAILURE;
+  try_cuda = 0;
+#endif
+
+  /* The CUDA backend when it can serve the layer, else the reference backend. */
+  if (try_cuda) {
+    if (run_on(MOEKIT_BACKEND_CUDA) == MOEKIT_SUCCESS) {
+      printf("ok\n");
+      return EXIT_SUCCESS;
+    }
+    moekit_get_last_error(message, sizeof message);
+    if (cuda_requested) {
+      fprintf(stderr, "moe_layer: the CUDA backend cannot run this layer: %s\n", message);
+      return EXIT_FAILURE;
+    }
+    printf("note: the CUDA backend cannot run this layer here (%s); using the reference backend\n", message);
+  }
+  if (run_on(MOEKIT_BACKEND_REFERENCE) != MOEKIT_SUCCESS) fail("the reference backend failed");
   printf("ok\n");
   return EXIT_SUCCESS;
 }
