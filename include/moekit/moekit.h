@@ -222,7 +222,7 @@ typedef struct moekit_router_fwd_args {
   size_t struct_size;
   moekit_tensor_t logits; /* [T, E] dtype; -inf masks an expert; a row needs >= K finite values */
   moekit_tensor_t bias;   /* [E] fp32, SIGMOID kind only, optional: steers selection, not the scores */
-  moekit_tensor_t scores; /* out [T, K] fp32, in selection order */
+  moekit_tensor_t scores; /* out [T, K] fp32 (or fp64 with fp64 logits), in selection order */
   moekit_tensor_t indices; /* out [T, K] int32 or int64: selected expert ids, value-descending, ties to lower id */
   moekit_tensor_t counts;  /* out [E] int32, optional: pairs selected per expert (overwritten) */
 } moekit_router_fwd_args_t;
