@@ -27,6 +27,7 @@ enum class OpKind {
 };
 
 const char* op_kind_name(OpKind kind);  // "router", "grouped GEMM", ... for messages
+uint64_t next_plan_id();                // unique in the process, never 0; thread-safe
 
 }  // namespace v0
 }  // namespace moekit

@@ -1,0 +1,74 @@
+// The preconditions every run function checks before its tensors, and in this order: the plan (non-NULL, made
+// for this operation), the argument struct (non-NULL, filled by its *_init function); and after the tensors: the
+// workspace and, for layers, the saved-activation buffer. A run function then hands the backend what it got.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "backend.h"
+#include "capi/translate.h"
+#include "capi/validate.h"
+#include "error.h"
+#include "moekit/moekit.h"
+#include "plan.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace capi {
+
+// Throws INVALID_VALUE naming `name` unless p is non-NULL and struct_size is at least `expected` (this
+// header's sizeof): the message tells the caller to fill the struct with `init_function`.
+void check_struct(const char* name, const void* p, size_t struct_size, size_t expected, const char* init_function);
+
+template <class Struct>
+const Struct& checked_struct(const char* name, const Struct* p, const char* init_function) {
+  check_struct(name, p, p ? p->struct_size : 0, sizeof(Struct), init_function);
+  return *p;
+}
+
+// The plan of a run call: non-NULL and created for `kind`.
+const moekit_plan& checked_plan(moekit_plan_t plan, OpKind kind);
+
+// The backend and the tensor rules of a checked plan's handle.
+Backend& backend_of(const moekit_plan& plan);
+TensorRules tensor_rules(const moekit_plan& plan);
+TensorRules tensor_rules(const moekit_handle& handle);
+
+// Workspace of a run call: at least the plan's workspace_bytes (else INSUFFICIENT_WORKSPACE), non-NULL when
+// that is > 0, aligned to 256 bytes on a CUDA handle and 16 on the reference one.
+Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t workspace_bytes);
+
+// The saved buffer of a layer forward (writes it) or backward (reads it). A training plan needs a non-NULL buffer
+// of at least plan.saved_bytes (else INSUFFICIENT_WORKSPACE), aligned to 256 bytes on a CUDA handle and 16 on
+// the reference one; an inference plan needs none for its forward and has no backward (INVALID_VALUE).
+enum class SavedUse { forward, backward };
+void check_saved(const moekit_plan& plan, bool inference, SavedUse use, const void* saved, size_t saved_bytes);
+
+// The body of every *_desc_init / *_args_init: zero the struct (absent tensors, 0 flags) and set struct_size; the
+// caller then sets the non-zero defaults.
+template <class Struct>
+Struct& init_struct(const char* name, Struct* p) {
+  if (p == nullptr) throw_invalid(std::string(name) + ": is NULL");
+  *p = Struct{};
+  p->struct_size = sizeof(Struct);
+  return *p;
+}
+
+// The body of every run function: plan, argument struct, the operation's tensor checks (`check(plan, args)`),
+// workspace; then `call(plan, args, workspace)` (which checks a layer's saved buffer and calls the backend).
+template <class Args, class Check, class Call>
+moekit_status_t run_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
+                            void* workspace, size_t workspace_bytes, Check&& check, Call&& call) {
+  return translate([&] {
+    const moekit_plan& p = checked_plan(plan, kind);
+    const Args& a = checked_struct("args", args, init_function);
+    check(p, a);
+    Workspace ws = checked_workspace(p, workspace, workspace_bytes);
+    call(p, a, ws);
+  });
+}
+
+}  // namespace capi
+}  // namespace v0
+}  // namespace moekit

@@ -1,0 +1,43 @@
+// The one way a plan is made: check the handle, the descriptor struct and the output pointer, let the operation's
+// `resolve` check the fields and fill in the defaults, copy the result into a fresh plan with a new id, and ask
+// the backend for its sizes. The caller's *plan is written only when everything succeeded.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backend.h"
+#include "capi/call.h"
+#include "capi/translate.h"
+#include "error.h"
+#include "plan.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace capi {
+
+const moekit_handle& checked_handle(moekit_handle_t handle);
+
+template <class Desc>
+moekit_status_t create_plan(moekit_handle_t handle, const Desc* desc, moekit_plan_t* plan, OpKind kind,
+                            Desc moekit_plan::*member, const char* init_function,
+                            void (*resolve)(const moekit_handle&, Desc&)) {
+  return translate([&] {
+    const moekit_handle& h = checked_handle(handle);
+    Desc resolved = checked_struct("desc", desc, init_function);
+    if (plan == nullptr) throw_invalid("plan: the output pointer is NULL");
+    resolved.struct_size = sizeof(Desc);
+    resolve(h, resolved);
+    auto made = std::make_unique<moekit_plan>();
+    made->kind = kind;
+    made->handle = handle;
+    made->id = next_plan_id();
+    (*made).*member = resolved;
+    h.backend->plan_sizes(*made);
+    *plan = made.release();
+  });
+}
+
+}  // namespace capi
+}  // namespace v0
+}  // namespace moekit

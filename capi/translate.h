@@ -1,0 +1,37 @@
+// The one door between C callers and moekit's C++ internals: every extern "C" body runs inside translate(),
+// which turns any exception into a status and this thread's last-error message, so none crosses the ABI.
+#pragma once
+
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "error.h"
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace capi {
+
+// Stores `message` as this thread's last error and returns `status`. Never throws.
+moekit_status_t record_failure(moekit_status_t status, const char* message) noexcept;
+
+template <class Body>
+moekit_status_t translate(Body&& body) noexcept {
+  try {
+    body();
+    return MOEKIT_SUCCESS;
+  } catch (const Error& e) {
+    return record_failure(e.status(), e.what());
+  } catch (const std::bad_alloc&) {
+    return record_failure(MOEKIT_STATUS_OUT_OF_MEMORY, "memory: a host allocation failed");
+  } catch (const std::exception& e) {
+    return record_failure(MOEKIT_STATUS_INTERNAL_ERROR, e.what());
+  } catch (...) {
+    return record_failure(MOEKIT_STATUS_INTERNAL_ERROR, "internal: an unknown exception reached the C API");
+  }
+}
+
+}  // namespace capi
+}  // namespace v0
+}  // namespace moekit

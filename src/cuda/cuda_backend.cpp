@@ -1,0 +1,100 @@
+#include "cuda/cuda_backend.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "error.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+
+namespace {
+
+[[noreturn]] void not_implemented(const char* operation) {
+  throw_not_supported(std::string(operation) + ": the CUDA backend does not implement this operation yet");
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
+  int count = 0;
+  cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) {
+    // NOTE: clears the error, so a later CUDA call of the caller does not see it.
+    cudaGetLastError();
+    throw_not_supported(std::string("device_index: no CUDA device available (") + cudaGetErrorString(status) + ")");
+  }
+  if (count == 0) throw_not_supported("device_index: no CUDA device available (the driver reports 0 devices)");
+  if (device_index >= count)
+    throw_invalid("device_index: " + std::to_string(device_index) + " is past the last CUDA device (" +
+                  std::to_string(count) + " present)");
+  cudaDeviceProp prop{};
+  status = cudaGetDeviceProperties(&prop, device_index);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw_not_supported("device_index: cannot query CUDA device " + std::to_string(device_index) + " (" +
+                        cudaGetErrorString(status) + ")");
+  }
+  if (prop.major != 9)
+    throw_not_supported("device_index: CUDA device " + std::to_string(device_index) + " (" + prop.name +
+                        ") has compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
+                        "; the CUDA backend needs 9.x (Hopper, sm_90)");
+}
+
+void CudaBackend::plan_sizes(moekit_plan& plan) const {
+  plan.workspace_bytes = 0;
+  plan.saved_bytes = 0;
+}
+
+void CudaBackend::router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) {
+  not_implemented("router forward");
+}
+void CudaBackend::router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) {
+  not_implemented("router backward");
+}
+void CudaBackend::dispatch(const moekit_plan&, const moekit_dispatch_args_t&, Workspace, void*) {
+  not_implemented("dispatch");
+}
+void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
+  not_implemented("grouped GEMM");
+}
+void CudaBackend::combine(const moekit_plan&, const moekit_combine_args_t&, Workspace, void*) {
+  not_implemented("combine");
+}
+void CudaBackend::db1(const moekit_plan&, const moekit_db1_args_t&, Workspace, void*) { not_implemented("db1"); }
+void CudaBackend::db2_ds(const moekit_plan&, const moekit_db2_ds_args_t&, Workspace, void*) {
+  not_implemented("db2_ds");
+}
+void CudaBackend::group_select(const moekit_plan&, const moekit_group_select_args_t&, Workspace, void*) {
+  not_implemented("group select");
+}
+void CudaBackend::load_balance_update(const moekit_load_balance_args_t&, void*) {
+  not_implemented("load balance update");
+}
+void CudaBackend::moe_forward(const moekit_plan&, const moekit_moe_fwd_args_t&, void*, Workspace, void*) {
+  not_implemented("MoE layer forward");
+}
+void CudaBackend::moe_backward(const moekit_plan&, const moekit_moe_bwd_args_t&, const void*, Workspace, void*) {
+  not_implemented("MoE layer backward");
+}
+void CudaBackend::experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void*, Workspace, void*) {
+  not_implemented("experts forward");
+}
+void CudaBackend::experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void*, Workspace,
+                                   void*) {
+  not_implemented("experts backward");
+}
+void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace,
+                                     void*) {
+  not_implemented("sparse FFN forward");
+}
+void CudaBackend::sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void*, Workspace,
+                                      void*) {
+  not_implemented("sparse FFN backward");
+}
+
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

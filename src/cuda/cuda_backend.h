@@ -1,0 +1,46 @@
+// The CUDA backend (sm_90): creating one checks that the device exists and is a Hopper GPU. Its operations are
+// not written yet: each reports NOT_SUPPORTED, so a framework falls back to another path.
+#pragma once
+
+#include "backend.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Throws NOT_SUPPORTED when no CUDA device is usable or device `device_index` is not compute capability 9.x,
+  // INVALID_VALUE when device_index is past the last device.
+  explicit CudaBackend(int device_index);
+  moekit_device_t device() const override { return moekit_device_t{MOEKIT_DEVICE_CUDA, device_index_}; }
+
+  void plan_sizes(moekit_plan& plan) const override;
+
+  void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) override;
+  void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) override;
+  void dispatch(const moekit_plan&, const moekit_dispatch_args_t&, Workspace, void*) override;
+  void gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) override;
+  void combine(const moekit_plan&, const moekit_combine_args_t&, Workspace, void*) override;
+  void db1(const moekit_plan&, const moekit_db1_args_t&, Workspace, void*) override;
+  void db2_ds(const moekit_plan&, const moekit_db2_ds_args_t&, Workspace, void*) override;
+  void group_select(const moekit_plan&, const moekit_group_select_args_t&, Workspace, void*) override;
+  void load_balance_update(const moekit_load_balance_args_t&, void*) override;
+
+  void moe_forward(const moekit_plan&, const moekit_moe_fwd_args_t&, void* saved, Workspace, void*) override;
+  void moe_backward(const moekit_plan&, const moekit_moe_bwd_args_t&, const void* saved, Workspace, void*) override;
+  void experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void* saved, Workspace, void*) override;
+  void experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void* saved, Workspace,
+                        void*) override;
+  void sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void* saved, Workspace,
+                          void*) override;
+  void sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void* saved, Workspace,
+                           void*) override;
+
+ private:
+  int device_index_;
+};
+
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
