@@ -8,7 +8,9 @@
  *  2. checks moekit_get_version() == MOEKIT_VERSION_NUMBER of the header it was compiled with,
  *  3. creates a reference (CPU) handle and runs the router forward and the dispatch on three tokens, comparing
  *     every output with values worked out by hand below,
- *  4. checks that a malformed request answers MOEKIT_STATUS_INVALID_VALUE with a message.
+ *  4. checks that moekit_subsample_rows draws exactly what the steps spelled out in moekit.h (and docs/api.md)
+ *     give, reimplemented here,
+ *  5. checks that a malformed request answers MOEKIT_STATUS_INVALID_VALUE with a message.
  * Exit status 0 when everything matches, 1 otherwise.
  */
 #include <dlfcn.h>
@@ -63,6 +65,7 @@ static struct {
   moekit_status_t (*dispatch_plan_create)(moekit_handle_t, const moekit_dispatch_desc_t*, moekit_plan_t*);
   moekit_status_t (*dispatch_args_init)(moekit_dispatch_args_t*);
   moekit_status_t (*dispatch)(moekit_plan_t, const moekit_dispatch_args_t*, void*, size_t, void*);
+  moekit_status_t (*subsample_rows)(uint64_t, int64_t, int64_t, int64_t, int32_t*);
 } api;
 
 /* Points `pointer` at `function` inside the loaded library. The sizeof operand is never evaluated (so it makes
@@ -230,6 +233,45 @@ static void run_dispatch(moekit_handle_t handle, const int32_t indices[PAIRS], i
   CHECK(api.plan_destroy(plan));
 }
 
+/* The subsample rows of the sparse FFN, drawn as moekit.h spells it: SplitMix64 steps, then a partial
+ * Fisher-Yates shuffle of 0..G-1 per group, in group order. */
+static void subsample_rows_by_hand(uint64_t seed, int64_t num_groups, int64_t group_size, int64_t rows_per_group,
+                                   int32_t* out) {
+  uint64_t state = seed;
+  int32_t perm[128];
+  int64_t g, j;
+  for (g = 0; g < num_groups; ++g) {
+    for (j = 0; j < group_size; ++j) perm[j] = (int32_t)j;
+    for (j = 0; j < rows_per_group; ++j) {
+      uint64_t z;
+      int64_t r;
+      int32_t swap;
+      state += 0x9E3779B97F4A7C15ull;
+      z = state;
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      z ^= z >> 31;
+      r = j + (int64_t)(z % (uint64_t)(group_size - j));
+      swap = perm[j];
+      perm[j] = perm[r];
+      perm[r] = swap;
+      out[g * rows_per_group + j] = (int32_t)(g * group_size + perm[j]);
+    }
+  }
+}
+
+static void run_subsample_rows(void) {
+  enum { GROUPS = 3, GROUP_SIZE = 16, ROWS = 5 };
+  int32_t got[GROUPS * ROWS], want[GROUPS * ROWS];
+  int i;
+  for (i = 0; i < GROUPS * ROWS; ++i) got[i] = POISON;
+  CHECK(api.subsample_rows(2024u, GROUPS, GROUP_SIZE, ROWS, got));
+  subsample_rows_by_hand(2024u, GROUPS, GROUP_SIZE, ROWS, want);
+  expect_ints(got, want, GROUPS * ROWS, "subsample rows");
+  printf("subsample rows (seed 2024, 3 groups of 16, 5 rows each), group 0: %d %d %d %d %d\n", (int)got[0],
+         (int)got[1], (int)got[2], (int)got[3], (int)got[4]);
+}
+
 /* A router plan asking for more experts per token than exist is malformed. */
 static void run_invalid_request(moekit_handle_t handle) {
   moekit_router_desc_t desc;
@@ -295,6 +337,7 @@ int main(int argc, char** argv) {
   LOAD(library, api.dispatch_plan_create, moekit_dispatch_plan_create);
   LOAD(library, api.dispatch_args_init, moekit_dispatch_args_init);
   LOAD(library, api.dispatch, moekit_dispatch);
+  LOAD(library, api.subsample_rows, moekit_subsample_rows);
 
   /* 2. The library is the version this program was compiled against. */
   version = api.get_version();
@@ -326,7 +369,10 @@ int main(int argc, char** argv) {
     run_dispatch(handle, indices, 2, 2, offsets, gather, pair, grouped_pos);
   }
 
-  /* 4. Errors come back as a status and a message. */
+  /* 4. The host helper of the sparse FFN follows its published steps. */
+  run_subsample_rows();
+
+  /* 5. Errors come back as a status and a message. */
   run_invalid_request(handle);
 
   CHECK(api.handle_destroy(handle));
