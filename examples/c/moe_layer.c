@@ -405,8 +405,11 @@ int main(int argc, char** argv) {
   printf("moekit %d.%d.%d\n", (int)(version / 10000), (int)(version / 100 % 100), (int)(version % 100));
 #ifndef MOE_LAYER_WITH_CUDA
   /* Built without the CUDA runtime, this program has no way to fill device memory. */
+  if (cuda_requested) {
+    fprintf(stderr, "moe_layer: built without CUDA, so --backend cuda is not available\n");
+    return EXIT_FAILURE;
+  }
   if (try_cuda) printf("note: built without CUDA; using the reference backend\n");
-  if (cuda_requested) return EXIT_FAILURE;
   try_cuda = 0;
 #endif
 
