@@ -39,13 +39,13 @@ void check_db2_ds(const moekit_plan& plan, const moekit_db2_ds_args_t& a) {
   const Extent p{leading_extent("gather_idx", a.gather_idx, "P", d.max_rows, "max_rows"), "P"};
   const Extent e{d.experts, "E"}, h{d.width, "H"};
   TensorCheck(r, "dout", a.dout).dtype(d.dtype).shape({t, h}).check();
-  TensorCheck(r, "scores", a.scores).dtype(MOEKIT_DTYPE_FP32).flat(p).check();
+  TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).flat(p).check();
   const bool has_b2 = TensorCheck(r, "b2", a.b2).dtype(d.dtype).shape({e, h}).optional().check();
   TensorCheck(r, "offsets", a.offsets).dtype(MOEKIT_DTYPE_INT32).shape({offsets_extent(d)}).check();
   TensorCheck(r, "gather_idx", a.gather_idx).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();
   TensorCheck(r, "pair_idx", a.pair_idx).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();
   TensorCheck(r, "db2", a.db2).dtype(d.out_dtype).shape({e, h}).optional().check();
-  TensorCheck(r, "dscores", a.dscores).dtype(MOEKIT_DTYPE_FP32).flat(p).optional().required_if(has_b2).check();
+  TensorCheck(r, "dscores", a.dscores).score_dtype(d.dtype).flat(p).optional().required_if(has_b2).check();
   require_finite("beta", a.beta);
 }
 

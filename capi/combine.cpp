@@ -24,7 +24,7 @@ void check_combine(const moekit_plan& plan, const moekit_combine_args_t& a, bool
     t.value = leading_extent("tok_offsets", a.tok_offsets, "T", d.max_tokens, "max_tokens", 1);
     TensorCheck(r, "tok_offsets", a.tok_offsets).dtype(MOEKIT_DTYPE_INT32).shape({{t.value + 1, "T+1"}}).check();
     p.value = leading_extent("grouped_pos", a.grouped_pos, "P", d.max_pairs, "max_pairs");
-    TensorCheck(r, "scores", a.scores).dtype(MOEKIT_DTYPE_FP32).shape({p}).required_iff(weighted, why_no_scores).check();
+    TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).shape({p}).required_iff(weighted, why_no_scores).check();
   } else {
     t.value = leading_extent("out", a.out, "T", d.max_tokens, "max_tokens");
     TensorCheck(r, "tok_offsets", a.tok_offsets)
@@ -32,7 +32,7 @@ void check_combine(const moekit_plan& plan, const moekit_combine_args_t& a, bool
         .check();
     p = Extent{t.value * d.top_k, "P = T*K"};
     TensorCheck(r, "scores", a.scores)
-        .dtype(MOEKIT_DTYPE_FP32)
+        .score_dtype(d.dtype)
         .shape({t, {d.top_k, "K"}})
         .required_iff(weighted, why_no_scores)
         .check();

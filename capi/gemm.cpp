@@ -94,9 +94,9 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
       .required_iff(gated || dgated, "only the GATED and DGATED epilogues write act")
       .check();
   const std::string dgated_only = "only the DGATED epilogue takes it";
-  TensorCheck(r, "row_scale", a.row_scale).dtype(MOEKIT_DTYPE_FP32).flat(m).required_iff(dgated, dgated_only).check();
+  TensorCheck(r, "row_scale", a.row_scale).score_dtype(d.dtype).flat(m).required_iff(dgated, dgated_only).check();
   TensorCheck(r, "pair_idx", a.pair_idx).dtype(MOEKIT_DTYPE_INT32).shape({m}).required_iff(dgated, dgated_only).check();
-  TensorCheck(r, "dscores", a.dscores).dtype(MOEKIT_DTYPE_FP32).flat(m).required_iff(dgated, dgated_only).check();
+  TensorCheck(r, "dscores", a.dscores).score_dtype(d.dtype).flat(m).required_iff(dgated, dgated_only).check();
   require_finite("alpha", a.alpha);
   require_finite("beta", a.beta);
   if ((gated || dgated) && a.beta != 0)

@@ -38,7 +38,7 @@ void check_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& a) {
       .check();
   check_expert_weights(r, d, a.w1, &a.b1, a.w2, &a.b2);
   TensorCheck(r, "out", a.out).dtype(d.dtype).shape({t, h}).check();
-  TensorCheck(r, "scores", a.scores).dtype(MOEKIT_DTYPE_FP32).shape({t, k}).optional().check();
+  TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).shape({t, k}).optional().check();
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).optional().check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({router_experts(d)}).optional().check();
   require_finite("beta_out", a.beta_out);

@@ -29,11 +29,7 @@ void check_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a) {
       .shape({e})
       .optional_iff(d.kind == MOEKIT_ROUTER_SIGMOID, "only the SIGMOID router kind takes a selection bias")
       .check();
-  // NOTE: fp64 logits (reference backend) may also give fp64 scores, for finite-difference checks.
-  TensorCheck(r, "scores", a.scores)
-      .dtype_in({MOEKIT_DTYPE_FP32, d.dtype == MOEKIT_DTYPE_FP64 ? MOEKIT_DTYPE_FP64 : MOEKIT_DTYPE_FP32})
-      .shape({t, k})
-      .check();
+  TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({e}).optional().check();
 }
@@ -45,7 +41,7 @@ void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) 
   const Extent e{d.experts, "E"}, k{d.top_k, "K"};
   TensorCheck(r, "logits", a.logits).dtype(d.dtype).shape({t, e}).check();
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).check();
-  TensorCheck(r, "dscores", a.dscores).dtype(MOEKIT_DTYPE_FP32).shape({t, k}).check();
+  TensorCheck(r, "dscores", a.dscores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "dlogits", a.dlogits).dtype_in({MOEKIT_DTYPE_FP32, d.dtype}).shape({t, e}).check();
   require_flag("accumulate", a.accumulate);
 }

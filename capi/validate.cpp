@@ -119,6 +119,11 @@ TensorCheck& TensorCheck::dtype_in(std::initializer_list<int32_t> dtypes) {
 
 TensorCheck& TensorCheck::index_dtype() { return dtype_in({MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64}); }
 
+TensorCheck& TensorCheck::score_dtype(int32_t plan_dtype) {
+  if (plan_dtype == MOEKIT_DTYPE_FP64) return dtype_in({MOEKIT_DTYPE_FP32, MOEKIT_DTYPE_FP64});
+  return dtype(MOEKIT_DTYPE_FP32);
+}
+
 TensorCheck& TensorCheck::shape(std::initializer_list<Extent> dims) {
   dims_.assign(dims.begin(), dims.end());
   flat_ = false;

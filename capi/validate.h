@@ -47,6 +47,8 @@ class TensorCheck {
   TensorCheck& dtype(int32_t dtype);
   TensorCheck& dtype_in(std::initializer_list<int32_t> dtypes);
   TensorCheck& index_dtype();  // int32 or int64
+  // Scores and their gradients: fp32, or also fp64 in an fp64 plan (finite-difference checks on the reference).
+  TensorCheck& score_dtype(int32_t plan_dtype);
   TensorCheck& shape(std::initializer_list<Extent> dims);
   // Any rank, contiguous, exactly `count` elements: a [T, K] tensor may be passed where [P] is read flat.
   TensorCheck& flat(Extent count);
