@@ -2,7 +2,6 @@
 // The order is a contract: value-descending on fp32 keys, ties to the lower position, -inf never chosen.
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <vector>
 
 #include "reference/blocks.h"

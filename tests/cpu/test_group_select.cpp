@@ -206,3 +206,42 @@ TEST_CASE("group select reads the gate pre-activation rounded to the storage dty
     REQUIRE(groups.get(0) == (dtype == MOEKIT_DTYPE_BF16 ? 0 : 1));
   }
 }
+
+TEST_CASE("group select rejects a subsample row outside its group and writes nothing", "[group_select]") {
+  Handle h;
+  std::mt19937_64 rng(314);
+  const int64_t T = 3, D = 8, G = 16, F = 2 * G, spg = 4;
+  moekit_sparse_ffn_desc_t desc;
+  moekit_sparse_ffn_desc_init(&desc);
+  desc.max_tokens = T;
+  desc.d_model = D;
+  desc.d_ff = F;
+  desc.group_size = G;
+  desc.top_groups = 1;
+  desc.subsample = spg;
+  desc.dtype = MOEKIT_DTYPE_FP32;
+  moekit_plan_t plan = nullptr;
+  MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(h.handle, &desc, &plan));
+  size_t workspace_bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  std::vector<uint8_t> workspace(workspace_bytes);
+  HostTensor x(MOEKIT_DTYPE_FP32, {T, D}), w_gate(MOEKIT_DTYPE_FP32, {F, D}), groups(MOEKIT_DTYPE_INT32, {T, 1});
+  x.fill_uniform(rng, 1.0);
+  w_gate.fill_uniform(rng, 1.0);
+  groups.poison();
+  HostTensor untouched = groups;
+  HostTensor rows(MOEKIT_DTYPE_INT32, {F / G, spg});
+  rows.set_values({0, 5, 9, 17, 16, 20, 24, 31});  // 17 belongs to group 1, listed for group 0
+  moekit_group_select_args_t args;
+  moekit_group_select_args_init(&args);
+  args.x = x.view();
+  args.w_gate = w_gate.view();
+  args.subsample_rows = rows.view();
+  args.groups = groups.view();
+  moekit_status_t status =
+      moekit_group_select(plan, &args, workspace.empty() ? nullptr : workspace.data(), workspace.size(), nullptr);
+  moekit_plan_destroy(plan);
+  REQUIRE(status == MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(moekit_test::last_error().find("subsample_rows") != std::string::npos);
+  REQUIRE(groups.bytes_equal(untouched));
+}

@@ -251,7 +251,6 @@ TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
           if (!has_b2 && !has_db2) continue;
           INFO("dtype " << dtype << ", b2 " << has_b2 << ", db2 " << has_db2 << ", beta " << beta);
           Routing routing = random_routing(rng, P, E);
-          int64_t valid = routing.expert_offsets.back();
           std::vector<int64_t> gather(routing.pair_idx.size());
           for (size_t i = 0; i < gather.size(); ++i) gather[i] = routing.pair_idx[i] / K;
 
@@ -333,6 +332,35 @@ TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
           } else {
             REQUIRE(ds.bytes_equal(ds_before));  // without b2, ds is untouched
           }
-          REQUIRE(valid <= P);
         }
+}
+
+TEST_CASE("combine rejects a grouped position past the grouped rows and writes nothing", "[reduce]") {
+  Handle h;
+  std::mt19937_64 rng(404);
+  const int64_t T = 4, K = 2, H = 8;
+  Plan plan;
+  moekit_combine_desc_t desc;
+  moekit_combine_desc_init(&desc);
+  desc.max_tokens = T;
+  desc.top_k = K;
+  desc.hidden = H;
+  desc.dtype = MOEKIT_DTYPE_FP32;
+  MOEKIT_REQUIRE_OK(moekit_combine_plan_create(h.handle, &desc, &plan.plan));
+  plan.size_workspace();
+  HostTensor grouped(MOEKIT_DTYPE_FP32, {T * K, H}), scores(MOEKIT_DTYPE_FP32, {T, K}), out(MOEKIT_DTYPE_FP32, {T, H});
+  grouped.fill_uniform(rng, 1.0);
+  scores.fill_uniform(rng, 1.0);
+  out.poison();
+  HostTensor untouched = out;
+  HostTensor grouped_pos = int_tensor({0, 1, 2, 3, -1, 5, 6, T * K}, T * K);
+  moekit_combine_args_t args;
+  moekit_combine_args_init(&args);
+  args.grouped = grouped.view();
+  args.scores = scores.view();
+  args.grouped_pos = grouped_pos.view();
+  args.out = out.view();
+  REQUIRE(moekit_combine(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr) == MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(moekit_test::last_error().find("grouped_pos") != std::string::npos);
+  REQUIRE(out.bytes_equal(untouched));
 }
