@@ -59,6 +59,9 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
   const Extent s = gathered ? Extent{leading_extent(source_name, source, "S", d.gather_rows, "gather_rows"), "S"} : m;
   const Extent a_rows = d.gather == MOEKIT_GEMM_GATHER_A ? s : m;
   const Extent e{d.groups, "E"}, n{d.n, "n"}, k{d.k, "k"};
+  const Extent act_width = is_gated(d.activation) ? Extent{d.n / 2, "n/2"} : n;
+  // NOTE: DGATED multiplies into dA, as wide as a (n/2 for a gated activation; e.g. W2 [E, H, I] with n = 2I).
+  const Extent b_width = d.epilogue == MOEKIT_EPILOGUE_DGATED ? act_width : n;
 
   TensorCheck(r, "gather_idx", a.gather_idx)
       .index_dtype()
@@ -71,15 +74,14 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
     TensorCheck(r, "b", a.b).dtype(d.dtype).shape({d.gather == MOEKIT_GEMM_GATHER_B ? s : m, n}).check();
     TensorCheck(r, "c", a.c).dtype(d.out_dtype).shape({e, k, n}).check();
   } else if (d.b_layout == MOEKIT_GEMM_B_NK) {
-    TensorCheck(r, "b", a.b).dtype(d.dtype).shape({e, n, k}).check();
+    TensorCheck(r, "b", a.b).dtype(d.dtype).shape({e, b_width, k}).check();
   } else {
-    TensorCheck(r, "b", a.b).dtype(d.dtype).shape({e, k, n}).check();
+    TensorCheck(r, "b", a.b).dtype(d.dtype).shape({e, k, b_width}).check();
   }
   // The epilogue's tensors (varlen K has the STORE epilogue only, so they are all absent there).
   const bool varlen_m = d.mode == MOEKIT_GEMM_VARLEN_M;
   const bool bias = d.epilogue == MOEKIT_EPILOGUE_BIAS, gated = d.epilogue == MOEKIT_EPILOGUE_GATED;
   const bool dgated = d.epilogue == MOEKIT_EPILOGUE_DGATED;
-  const Extent act_width = is_gated(d.activation) ? Extent{d.n / 2, "n/2"} : n;
   if (varlen_m) TensorCheck(r, "c", a.c).dtype(d.out_dtype).shape({m, n}).check();
   TensorCheck(r, "bias", a.bias)
       .dtype(d.dtype)
