@@ -1,13 +1,20 @@
 /*
- * building_blocks.c — an MoE layer forward chained by hand from moekit's building blocks (C99, static link),
- * checked against the layer operation moekit_moe_forward. Reference (CPU) backend, host memory.
+ * building_blocks.c — an MoE layer forward and backward chained by hand from moekit's building blocks (C99,
+ * static link), checked against the layer operations moekit_moe_forward / moekit_moe_backward. Reference (CPU)
+ * backend, host memory, bf16 with fp32 weight gradients, no biases.
  *
+ * Forward (SPEC section 3):
  *   logits = x Wr^T              grouped GEMM, one group (a dense GEMM)
  *   scores, indices = router     softmax over the top-k logits
  *   CSR = dispatch(indices)      expert_offsets, gather_idx, pair_idx, grouped_pos
  *   h, a = x[gather] W1^T        grouped GEMM, varlen M, rows of x gathered, gated (SwiGLU) epilogue
  *   y = a W2^T                   grouped GEMM, varlen M
  *   out = combine(y, scores)     out_t = sum over k of s[t,k] y[grouped_pos[t,k]]
+ * Backward (SPEC section 4):
+ *   dh, a', ds                   grouped GEMM dout[gather] W2, dgated epilogue
+ *   dW2, dW1                     grouped GEMMs, varlen K
+ *   dx = broadcast(dh W1)        grouped GEMM, then the broadcast backward
+ *   dlogits; dx += dlogits Wr; dWr = dlogits^T x     router backward, two one-group GEMMs
  *
  * docs/api.md quotes this file. Exit status 0 when the chain matches the layer, 1 otherwise.
  */
