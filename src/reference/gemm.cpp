@@ -34,12 +34,15 @@ void ReferenceBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& a
   spec.act = ActivationSpec{d.activation, d.glu_layout, d.glu_limit, d.n};
   if ((gated || dgated) && is_gated(d.activation)) spec.act.width = d.n / 2;
 
-  std::vector<int64_t> offsets = read_offsets("offsets", args.offsets, d.groups, d.max_rows);
+  // M, the grouped rows this call was given (<= max_rows), and S, the rows of a gathered source.
+  int64_t grouped_rows = (gather_a || gather_b) ? args.gather_idx.shape[0] : args.a.shape[0];
+  std::vector<int64_t> offsets = read_offsets("offsets", args.offsets, d.groups, grouped_rows);
   int64_t rows = offsets.back();
   std::vector<int64_t> gather_idx;
   if (gather_a || gather_b) {
+    int64_t source_rows = gather_a ? args.a.shape[0] : args.b.shape[0];
     gather_idx = read_indices(args.gather_idx, rows);
-    require_in_range("gather_idx", gather_idx, 0, d.gather_rows);
+    require_in_range("gather_idx", gather_idx, 0, source_rows);
   }
   // A gathered operand is read whole (any source row may be addressed); a grouped one up to offsets[E].
   std::vector<double> a = read_values(args.a, gather_a ? -1 : rows);
