@@ -1,13 +1,110 @@
-// Placeholder until this family is written: every method reports NOT_SUPPORTED.
-#include "error.h"
+// The experts alone on pre-grouped rows (moekit_experts_*): the expert MLP of the MoE layer with no router, no
+// scores (scale 1) and no combine. Saved between forward and backward: the rounded h.
+#include <algorithm>
+#include <vector>
+
+#include "moekit/moekit.h"
+#include "reference/blocks.h"
+#include "reference/dense.h"
+#include "reference/expert_mlp.h"
+#include "reference/layer_io.h"
 #include "reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {
 namespace ref {
 
-void ReferenceBackend::experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void*, Workspace, void*) { throw_not_supported("reference: not implemented yet"); }
-void ReferenceBackend::experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void*, Workspace, void*) { throw_not_supported("reference: not implemented yet"); }
+namespace {
+
+ActivationSpec activation_spec(const moekit_moe_desc_t& d) {
+  return ActivationSpec{d.activation, d.glu_layout, d.glu_limit, d.intermediate};
+}
+
+ExpertMlp expert_mlp(const moekit_moe_desc_t& d, const std::vector<double>& w1, const std::vector<double>& b1,
+                     const std::vector<double>& w2, const std::vector<double>& b2) {
+  return ExpertMlp{d.experts, d.hidden, activation_spec(d), d.dtype, w1.data(), b1.empty() ? nullptr : b1.data(),
+                   w2.data(), b2.empty() ? nullptr : b2.data()};
+}
+
+}  // namespace
+
+void ReferenceBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,
+                                       Workspace, void*) {
+  const moekit_moe_desc_t& d = plan.moe;
+  int64_t max_rows = args.x.shape[0];
+  int64_t width = h_width(activation_spec(d));
+  std::vector<int64_t> offsets = read_offsets("offsets", args.offsets, d.experts, max_rows);
+  int64_t rows = offsets.back();
+
+  std::vector<double> x = read_values(args.x, rows);
+  std::vector<double> w1 = read_values(args.w1);
+  std::vector<double> w2 = read_values(args.w2);
+  std::vector<double> b1, b2;
+  if (d.has_b1) b1 = read_values(args.b1);
+  if (d.has_b2) b2 = read_values(args.b2);
+  std::vector<double> h(static_cast<size_t>(rows * width));
+  std::vector<double> y(static_cast<size_t>(max_rows * d.hidden));
+  GroupedRows x_rows{x.data(), d.hidden, nullptr};
+  expert_mlp_forward(expert_mlp(d, w1, b1, w2, b2), offsets.data(), x_rows, h.data(), y.data());
+
+  write_values(args.y, y, 0, rows);
+  if (d.inference || saved == nullptr) return;
+  ExpertsSavedLayout layout = experts_saved_layout(d, max_rows);
+  write_saved_header(saved, plan.id, max_rows);
+  std::copy(h.begin(), h.end(), saved_section<double>(saved, layout.h));
+}
+
+void ReferenceBackend::experts_backward(const moekit_plan& plan, const moekit_experts_bwd_args_t& args,
+                                        const void* saved, Workspace, void*) {
+  const moekit_moe_desc_t& d = plan.moe;
+  int64_t max_rows = args.x.shape[0];
+  check_saved_header(saved, plan.id, max_rows);
+  bool input_grad = args.compute_input_grad != 0;
+  bool weight_grad = args.compute_weight_grad != 0;
+  if (!input_grad && !weight_grad) return;
+  int64_t width = h_width(activation_spec(d));
+  std::vector<int64_t> offsets = read_offsets("offsets", args.offsets, d.experts, max_rows);
+  int64_t rows = offsets.back();
+  const double* h = saved_section<double>(saved, experts_saved_layout(d, max_rows).h);
+
+  std::vector<double> x = read_values(args.x, rows);
+  std::vector<double> dy = read_values(args.dy, rows);
+  std::vector<double> w1 = read_values(args.w1);
+  std::vector<double> w2 = read_values(args.w2);
+  ExpertMlp mlp = expert_mlp(d, w1, {}, w2, {});
+  GroupedRows dy_rows{dy.data(), d.hidden, nullptr};
+
+  std::vector<double> dh(static_cast<size_t>(rows * width));
+  std::vector<double> a(static_cast<size_t>(rows * d.intermediate));
+  expert_mlp_dgated(mlp, offsets.data(), dy_rows, h, nullptr, nullptr, dh.data(), a.data(), nullptr);
+
+  std::vector<double> dx;
+  if (input_grad) {
+    dx.resize(static_cast<size_t>(max_rows * d.hidden));
+    expert_mlp_input_grad(mlp, offsets.data(), dh.data(), dx.data());
+  }
+  std::vector<double> dw1, db1, dw2, db2;
+  if (weight_grad) {
+    dw1.resize(static_cast<size_t>(d.experts * width * d.hidden));
+    dw2.resize(static_cast<size_t>(d.experts * d.hidden * d.intermediate));
+    if (d.has_b1) db1.resize(static_cast<size_t>(d.experts * width));
+    GroupedRows x_rows{x.data(), d.hidden, nullptr};
+    expert_mlp_weight_grads(mlp, offsets.data(), dy_rows, a.data(), dh.data(), x_rows, dw1.data(),
+                            d.has_b1 ? db1.data() : nullptr, dw2.data());
+    if (d.has_b2) {
+      db2.resize(static_cast<size_t>(d.experts * d.hidden));
+      ref::db1(d.experts, d.hidden, offsets.data(), dy.data(), 0.0, db2.data());  // sum of dy: the scale is 1
+    }
+  }
+
+  if (input_grad) write_accumulated(args.dx, dx, args.beta_dx, 0, rows);
+  if (weight_grad) {
+    write_accumulated(args.dw1, dw1, args.beta_dw1);
+    write_accumulated(args.dw2, dw2, args.beta_dw2);
+    if (d.has_b1) write_accumulated(args.db1, db1, args.beta_db1);
+    if (d.has_b2) write_accumulated(args.db2, db2, args.beta_db2);
+  }
+}
 
 }  // namespace ref
 }  // namespace v0
