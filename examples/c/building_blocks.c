@@ -15,6 +15,8 @@
  *   dW2, dW1                     grouped GEMMs, varlen K
  *   dx = broadcast(dh W1)        grouped GEMM, then the broadcast backward
  *   dlogits; dx += dlogits Wr; dWr = dlogits^T x     router backward, two one-group GEMMs
+ * And the experts alone (moekit_experts_forward, for expert parallelism) on the rows x[gather_idx] give the
+ * chain's y.
  *
  * docs/api.md quotes this file. Exit status 0 when the chain matches the layer, 1 otherwise.
  */
@@ -469,6 +471,38 @@ static void layer_forward_backward(moekit_handle_t handle) {
   CHECK(moekit_plan_destroy(plan));
 }
 
+/* The experts alone (expert parallelism): the rows x[gather_idx], already grouped by expert, give y directly. */
+static uint16_t x_grouped[P * H], y_experts[P * H];
+
+static void experts_forward(moekit_handle_t handle) {
+  moekit_moe_desc_t desc;
+  moekit_experts_fwd_args_t args;
+  moekit_plan_t plan;
+  size_t saved_bytes = 0;
+  void* saved;
+  int i;
+  for (i = 0; i < P; ++i) memcpy(&x_grouped[i * H], &x[gather_idx[i] * H], H * sizeof *x);
+  CHECK(moekit_moe_desc_init(&desc));
+  desc.max_tokens = P; /* the row bound */
+  desc.hidden = H;
+  desc.intermediate = I;
+  desc.experts = E;
+  CHECK(moekit_experts_plan_create(handle, &desc, &plan));
+  reserve_workspace(plan);
+  CHECK(moekit_plan_saved_size(plan, &saved_bytes));
+  saved = malloc(saved_bytes);
+  if (saved == NULL) check(MOEKIT_STATUS_OUT_OF_MEMORY, "malloc(saved)");
+  CHECK(moekit_experts_fwd_args_init(&args));
+  args.x = tensor(x_grouped, MOEKIT_DTYPE_BF16, 2, P, H, 0);
+  args.offsets = tensor(expert_offsets, MOEKIT_DTYPE_INT32, 1, E + 1, 0, 0);
+  args.w1 = tensor(w1, MOEKIT_DTYPE_BF16, 3, E, 2 * I, H);
+  args.w2 = tensor(w2, MOEKIT_DTYPE_BF16, 3, E, H, I);
+  args.y = tensor(y_experts, MOEKIT_DTYPE_BF16, 2, P, H, 0);
+  CHECK(moekit_experts_forward(plan, &args, saved, saved_bytes, workspace, workspace_bytes, NULL));
+  free(saved);
+  CHECK(moekit_plan_destroy(plan));
+}
+
 /* ---------------------------------------------------------------------------------------------- */
 /* Comparison                                                                                     */
 /* ---------------------------------------------------------------------------------------------- */
@@ -541,6 +575,7 @@ int main(void) {
   backward_router(handle);
 
   layer_forward_backward(handle);
+  experts_forward(handle);
 
   printf("pairs per expert:");
   for (i = 0; i < E; ++i) printf(" %d", (int)(expert_offsets[i + 1] - expert_offsets[i]));
@@ -550,6 +585,8 @@ int main(void) {
   compare_fp32("dw_router", dw_router_chain, dw_router_layer, E * H);
   compare_fp32("dw1", dw1_chain, dw1_layer, E * 2 * I * H);
   compare_fp32("dw2", dw2_chain, dw2_layer, E * H * I);
+  printf("experts alone (moekit_experts_forward on the grouped rows) vs the chain's y:\n");
+  compare_bf16("y", y_experts, y, P * H);
 
   free(workspace);
   CHECK(moekit_handle_destroy(handle));
