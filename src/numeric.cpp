@@ -39,10 +39,10 @@ uint16_t float_to_fp16(float f) {
 float double_to_float_round_odd(double v) {
   float nearest = static_cast<float>(v);
   if (static_cast<double>(nearest) == v || std::isnan(v) || std::isinf(nearest)) return nearest;
-  float toward_zero = std::fabs(static_cast<double>(nearest)) > std::fabs(v)
-                          ? std::nextafter(nearest, 0.0f)
-                          : nearest;
-  return bits_to_float(float_to_bits(toward_zero) | 1u);
+  // One step toward zero is one unit off the magnitude bits (nearest is not zero when it lies beyond v).
+  uint32_t bits = float_to_bits(nearest);
+  if (std::fabs(static_cast<double>(nearest)) > std::fabs(v)) bits -= 1u;
+  return bits_to_float(bits | 1u);
 }
 
 }  // namespace v0

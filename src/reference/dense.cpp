@@ -37,6 +37,16 @@ int64_t strided_offset(const moekit_tensor_t& t, int64_t linear) {
   return offset;
 }
 
+// Row-major without gaps: the dense position is the element offset (the common case, read without divisions).
+bool is_contiguous(const moekit_tensor_t& t) {
+  int64_t expected = 1;
+  for (int32_t d = t.rank - 1; d >= 0; --d) {
+    if (t.shape[d] != 1 && t.stride[d] != expected) return false;
+    expected *= t.shape[d];
+  }
+  return true;
+}
+
 double load_value(const moekit_tensor_t& t, int64_t offset) {
   switch (t.dtype) {
     case MOEKIT_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(t.data)[offset]);
@@ -66,7 +76,9 @@ void store_value(const moekit_tensor_t& t, int64_t offset, double v) {
 std::vector<double> read_values(const moekit_tensor_t& t, int64_t rows) {
   int64_t count = rows_of(t, rows) * row_width(t);
   std::vector<double> values(static_cast<size_t>(count));
-  for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = load_value(t, strided_offset(t, i));
+  bool contiguous = is_contiguous(t);
+  for (int64_t i = 0; i < count; ++i)
+    values[static_cast<size_t>(i)] = load_value(t, contiguous ? i : strided_offset(t, i));
   return values;
 }
 
@@ -84,7 +96,9 @@ std::vector<int64_t> read_indices(const moekit_tensor_t& t, int64_t rows) {
 void write_values(const moekit_tensor_t& t, const std::vector<double>& values, int64_t row_begin, int64_t row_end) {
   int64_t width = row_width(t);
   int64_t end = rows_of(t, row_end) * width;
-  for (int64_t i = row_begin * width; i < end; ++i) store_value(t, strided_offset(t, i), values[static_cast<size_t>(i)]);
+  bool contiguous = is_contiguous(t);
+  for (int64_t i = row_begin * width; i < end; ++i)
+    store_value(t, contiguous ? i : strided_offset(t, i), values[static_cast<size_t>(i)]);
 }
 
 void write_indices(const moekit_tensor_t& t, const std::vector<int64_t>& values, int64_t row_begin,

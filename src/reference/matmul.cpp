@@ -1,10 +1,11 @@
-// Blocking follows the classic CPU GEMM layout: an output tile of kMc x kNc is one parallel task; inside it the
-// reduction runs in blocks of kKc; each block packs A into kMr-row panels and B into kNr-column panels (zero
-// padded), and the micro-kernel keeps a kMr x kNr block of C in registers while it streams both panels.
-// The A panel block (kMc x kKc) stays in L2, one B panel (kKc x kNr) in L1.
+// Blocking follows the classic CPU GEMM layout: an output tile of up to kRowBlocksPerTile*kMc rows x kNc columns is
+// one parallel task; inside it the reduction runs in blocks of kKc; each block packs B into kNr-column panels once,
+// then A into kMr-row panels kMc rows at a time (zero padded), and the micro-kernel keeps a kMr x kNr block of C in
+// registers while it streams both panels. The A block (kMc x kKc) stays in L2, one B panel (kKc x kNr) in L1.
 #include "reference/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 
@@ -79,58 +80,71 @@ MicroKernel select_micro_kernel() {
 int64_t row_of(const MatrixView& v, int64_t i) { return v.row_index ? v.row_index[i] : i; }
 int64_t col_of(const MatrixView& v, int64_t j) { return v.col_index ? v.col_index[j] : j; }
 
-// NOTE: a view whose columns are contiguous in memory is read column-major (the inner loop walks the
-// contiguous direction) so transposed weights pack at memory speed.
-bool columns_contiguous(const MatrixView& v) {
-  return !v.row_index && std::llabs(v.row_stride) < std::llabs(v.col_stride);
-}
-
-// A rows [i0, i0+mc) x columns [p0, p0+kc) into ceil(mc/kMr) panels; panel q holds (r, p) at [q*kc*kMr + p*kMr + r].
+// A rows [i0, i0+mc) x columns [p0, p0+kc) into ceil(mc/kMr) panels; panel q holds (r, p) at [q*kc*kMr + p*kMr + r],
+// rows past mc zero.
 void pack_a(const MatrixView& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, double* dst,
             std::vector<int64_t>& col_offset) {
-  for (int64_t p = 0; p < kc; ++p) col_offset[static_cast<size_t>(p)] = col_of(a, p0 + p) * a.col_stride;
-  bool by_column = columns_contiguous(a);
+  // NOTE: rows contiguous in k (the common case) skip the per-column offset table.
+  bool unit_columns = !a.col_index && a.col_stride == 1;
+  if (!unit_columns)
+    for (int64_t p = 0; p < kc; ++p) col_offset[static_cast<size_t>(p)] = col_of(a, p0 + p) * a.col_stride;
   for (int64_t q = 0; q * kMr < mc; ++q) {
     int64_t live = std::min(kMr, mc - q * kMr);
     const double* rows[kMr];
-    for (int64_t r = 0; r < live; ++r) rows[r] = a.data + row_of(a, i0 + q * kMr + r) * a.row_stride;
+    for (int64_t r = 0; r < live; ++r)
+      rows[r] = a.data + row_of(a, i0 + q * kMr + r) * a.row_stride + (unit_columns ? p0 : 0);
     double* panel = dst + q * kc * kMr;
-    if (by_column) {
+    if (unit_columns) {
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t r = 0; r < live; ++r) panel[p * kMr + r] = rows[r][p];
+    } else {
       for (int64_t p = 0; p < kc; ++p)
         for (int64_t r = 0; r < live; ++r) panel[p * kMr + r] = rows[r][col_offset[static_cast<size_t>(p)]];
-    } else {
-      for (int64_t r = 0; r < live; ++r)
-        for (int64_t p = 0; p < kc; ++p) panel[p * kMr + r] = rows[r][col_offset[static_cast<size_t>(p)]];
     }
-    for (int64_t r = live; r < kMr; ++r)
-      for (int64_t p = 0; p < kc; ++p) panel[p * kMr + r] = 0.0;
+    for (int64_t p = 0; p < kc; ++p)
+      for (int64_t r = live; r < kMr; ++r) panel[p * kMr + r] = 0.0;
   }
 }
 
-// B rows [p0, p0+kc) x columns [j0, j0+nc) into ceil(nc/kNr) panels; panel q holds (p, c) at [q*kc*kNr + p*kNr + c].
+// B rows [p0, p0+kc) x columns [j0, j0+nc) into ceil(nc/kNr) panels; panel q holds (p, c) at [q*kc*kNr + p*kNr + c],
+// columns past nc zero. Reads follow the contiguous direction of B: rows (x, W as [K, N]) or columns (W^T).
 void pack_b(const MatrixView& b, int64_t p0, int64_t kc, int64_t j0, int64_t nc, double* dst,
             std::vector<int64_t>& col_offset) {
-  int64_t padded = (nc + kNr - 1) / kNr * kNr;
-  for (int64_t j = 0; j < nc; ++j) col_offset[static_cast<size_t>(j)] = col_of(b, j0 + j) * b.col_stride;
-  auto slot = [&](int64_t p, int64_t j) -> double& { return dst[(j / kNr) * kc * kNr + p * kNr + j % kNr]; };
-  if (columns_contiguous(b)) {
-    for (int64_t j = 0; j < nc; ++j) {
-      const double* column = b.data + col_offset[static_cast<size_t>(j)];
-      for (int64_t p = 0; p < kc; ++p) slot(p, j) = column[(p0 + p) * b.row_stride];
+  bool unit_columns = !b.col_index && b.col_stride == 1;
+  bool unit_rows = !b.row_index && !b.col_index && std::llabs(b.row_stride) < std::llabs(b.col_stride);
+  if (!unit_columns)
+    for (int64_t j = 0; j < nc; ++j) col_offset[static_cast<size_t>(j)] = col_of(b, j0 + j) * b.col_stride;
+  for (int64_t q = 0; q * kNr < nc; ++q) {
+    int64_t live = std::min(kNr, nc - q * kNr);
+    double* panel = dst + q * kc * kNr;
+    if (unit_rows) {
+      const double* columns[kNr];
+      for (int64_t c = 0; c < live; ++c) columns[c] = b.data + col_offset[static_cast<size_t>(q * kNr + c)];
+      for (int64_t p = 0; p < kc; ++p)
+        for (int64_t c = 0; c < live; ++c) panel[p * kNr + c] = columns[c][(p0 + p) * b.row_stride];
+    } else {
+      for (int64_t p = 0; p < kc; ++p) {
+        const double* row = b.data + row_of(b, p0 + p) * b.row_stride;
+        if (unit_columns) {
+          const double* from = row + j0 + q * kNr;
+          for (int64_t c = 0; c < live; ++c) panel[p * kNr + c] = from[c];
+        } else {
+          for (int64_t c = 0; c < live; ++c) panel[p * kNr + c] = row[col_offset[static_cast<size_t>(q * kNr + c)]];
+        }
+      }
     }
-  } else {
-    for (int64_t p = 0; p < kc; ++p) {
-      const double* row = b.data + row_of(b, p0 + p) * b.row_stride;
-      for (int64_t j = 0; j < nc; ++j) slot(p, j) = row[col_offset[static_cast<size_t>(j)]];
-    }
+    for (int64_t p = 0; p < kc; ++p)
+      for (int64_t c = live; c < kNr; ++c) panel[p * kNr + c] = 0.0;
   }
-  for (int64_t j = nc; j < padded; ++j)
-    for (int64_t p = 0; p < kc; ++p) slot(p, j) = 0.0;
 }
+
+// One parallel task: columns [j0, j0 + kNc) of rows [i0, i_end) of one product. Each packed B block serves up to
+// kRowBlocksPerTile A blocks, so B is packed once per tile rather than once per kMc rows.
+constexpr int64_t kRowBlocksPerTile = 4;
 
 struct Tile {
   const MatmulTask* task;
-  int64_t i0, j0;
+  int64_t i0, i_end, j0;
 };
 
 struct PackBuffers {
@@ -139,37 +153,45 @@ struct PackBuffers {
   std::vector<int64_t> offsets = std::vector<int64_t>(static_cast<size_t>(std::max(kKc, kNc)));
 };
 
+// C rows [i0, i0+mc) x columns [j0, j0+nc) from the packed blocks.
+void multiply_packed(const MatmulTask& t, int64_t i0, int64_t mc, int64_t j0, int64_t nc, int64_t kc, bool load_c,
+                     const PackBuffers& buffers, MicroKernel kernel) {
+  for (int64_t jr = 0; jr < nc; jr += kNr) {
+    int64_t nr = std::min(kNr, nc - jr);
+    const double* b_panel = buffers.b.data() + (jr / kNr) * kc * kNr;
+    for (int64_t ir = 0; ir < mc; ir += kMr) {
+      int64_t mr = std::min(kMr, mc - ir);
+      const double* a_panel = buffers.a.data() + (ir / kMr) * kc * kMr;
+      double* c = t.c + (i0 + ir) * t.ldc + j0 + jr;
+      if (mr == kMr && nr == kNr) {
+        kernel(kc, a_panel, b_panel, c, t.ldc, load_c);
+        continue;
+      }
+      double edge[kMr * kNr];
+      if (load_c)
+        for (int64_t i = 0; i < mr; ++i) std::memcpy(edge + i * kNr, c + i * t.ldc, sizeof(double) * nr);
+      kernel(kc, a_panel, b_panel, edge, kNr, load_c);
+      for (int64_t i = 0; i < mr; ++i) std::memcpy(c + i * t.ldc, edge + i * kNr, sizeof(double) * nr);
+    }
+  }
+}
+
 void run_tile(const Tile& tile, PackBuffers& buffers, MicroKernel kernel) {
   const MatmulTask& t = *tile.task;
-  int64_t mc = std::min(kMc, t.m - tile.i0);
   int64_t nc = std::min(kNc, t.n - tile.j0);
   if (t.k == 0) {
     if (!t.accumulate)
-      for (int64_t i = 0; i < mc; ++i) std::fill_n(t.c + (tile.i0 + i) * t.ldc + tile.j0, nc, 0.0);
+      for (int64_t i = tile.i0; i < tile.i_end; ++i) std::fill_n(t.c + i * t.ldc + tile.j0, nc, 0.0);
     return;
   }
   for (int64_t p0 = 0; p0 < t.k; p0 += kKc) {
     int64_t kc = std::min(kKc, t.k - p0);
     bool load_c = t.accumulate || p0 > 0;
-    pack_a(t.a, tile.i0, mc, p0, kc, buffers.a.data(), buffers.offsets);
     pack_b(t.b, p0, kc, tile.j0, nc, buffers.b.data(), buffers.offsets);
-    for (int64_t jr = 0; jr < nc; jr += kNr) {
-      int64_t nr = std::min(kNr, nc - jr);
-      const double* b_panel = buffers.b.data() + (jr / kNr) * kc * kNr;
-      for (int64_t ir = 0; ir < mc; ir += kMr) {
-        int64_t mr = std::min(kMr, mc - ir);
-        const double* a_panel = buffers.a.data() + (ir / kMr) * kc * kMr;
-        double* c = t.c + (tile.i0 + ir) * t.ldc + tile.j0 + jr;
-        if (mr == kMr && nr == kNr) {
-          kernel(kc, a_panel, b_panel, c, t.ldc, load_c);
-          continue;
-        }
-        double edge[kMr * kNr];
-        if (load_c)
-          for (int64_t i = 0; i < mr; ++i) std::memcpy(edge + i * kNr, c + i * t.ldc, sizeof(double) * nr);
-        kernel(kc, a_panel, b_panel, edge, kNr, load_c);
-        for (int64_t i = 0; i < mr; ++i) std::memcpy(c + i * t.ldc, edge + i * kNr, sizeof(double) * nr);
-      }
+    for (int64_t i0 = tile.i0; i0 < tile.i_end; i0 += kMc) {
+      int64_t mc = std::min(kMc, tile.i_end - i0);
+      pack_a(t.a, i0, mc, p0, kc, buffers.a.data(), buffers.offsets);
+      multiply_packed(t, i0, mc, tile.j0, nc, kc, load_c, buffers, kernel);
     }
   }
 }
@@ -180,11 +202,15 @@ void matmul(const std::vector<MatmulTask>& tasks) {
   static const MicroKernel kernel = select_micro_kernel();
   std::vector<Tile> tiles;
   for (const MatmulTask& task : tasks)
-    for (int64_t i0 = 0; i0 < task.m; i0 += kMc)
-      for (int64_t j0 = 0; j0 < task.n; j0 += kNc) tiles.push_back(Tile{&task, i0, j0});
-  parallel_for(static_cast<int64_t>(tiles.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t j0 = 0; j0 < task.n; j0 += kNc)
+      for (int64_t i0 = 0; i0 < task.m; i0 += kMc * kRowBlocksPerTile)
+        tiles.push_back(Tile{&task, i0, std::min(task.m, i0 + kMc * kRowBlocksPerTile), j0});
+  // NOTE: tiles are handed out first come, first served (their sizes vary with the groups); which thread computes
+  // a tile does not change its bits.
+  std::atomic<size_t> next{0};
+  parallel_for(std::min<int64_t>(thread_count(), static_cast<int64_t>(tiles.size())), [&](int64_t, int64_t) {
     PackBuffers buffers;
-    for (int64_t i = begin; i < end; ++i) run_tile(tiles[static_cast<size_t>(i)], buffers, kernel);
+    for (size_t i = next++; i < tiles.size(); i = next++) run_tile(tiles[i], buffers, kernel);
   });
 }
 
