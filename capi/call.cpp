@@ -60,15 +60,18 @@ Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t wor
   return Workspace{workspace, workspace_bytes};
 }
 
-void check_saved(const moekit_plan& plan, bool inference, SavedUse use, const void* saved, size_t saved_bytes) {
+void check_saved(const moekit_plan& plan, SavedUse use, const void* saved, size_t saved_bytes) {
+  const bool inference =
+      plan.kind == OpKind::sparse_ffn_layer ? plan.sparse_ffn.inference != 0 : plan.moe.inference != 0;
   if (inference) {
     if (use == SavedUse::backward)
       throw_invalid("plan: created with inference = 1, so it has no backward (create it with inference = 0)");
     return;
   }
   if (saved == nullptr)
-    throw_invalid("saved: is NULL; a training plan's forward fills it and its backward reads it "
-                  "(moekit_plan_saved_size bytes)");
+    throw_invalid(
+        "saved: is NULL; a training plan's forward fills it and its backward reads it "
+        "(moekit_plan_saved_size bytes)");
   check_size("saved_bytes", saved_bytes, plan.saved_bytes, "moekit_plan_saved_size");
   check_buffer_alignment("saved", saved, buffer_alignment(plan));
 }

@@ -43,7 +43,7 @@ Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t wor
 // of at least plan.saved_bytes (else INSUFFICIENT_WORKSPACE), aligned to 256 bytes on a CUDA handle and 16 on
 // the reference one; an inference plan needs none for its forward and has no backward (INVALID_VALUE).
 enum class SavedUse { forward, backward };
-void check_saved(const moekit_plan& plan, bool inference, SavedUse use, const void* saved, size_t saved_bytes);
+void check_saved(const moekit_plan& plan, SavedUse use, const void* saved, size_t saved_bytes);
 
 // The body of every *_desc_init / *_args_init: zero the struct (absent tensors, 0 flags) and set struct_size; the
 // caller then sets the non-zero defaults.
@@ -67,6 +67,18 @@ moekit_status_t run_checked(moekit_plan_t plan, OpKind kind, const Args* args, c
     Workspace ws = checked_workspace(p, workspace, workspace_bytes);
     call(p, a, ws);
   });
+}
+
+// The body of every layer run function: run_checked, with the saved buffer checked after the workspace.
+template <class Args, class Check, class Call>
+moekit_status_t run_layer_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
+                                  SavedUse use, const void* saved, size_t saved_bytes, void* workspace,
+                                  size_t workspace_bytes, Check&& check, Call&& call) {
+  return run_checked(plan, kind, args, init_function, workspace, workspace_bytes, check,
+                     [&](const moekit_plan& p, const Args& a, Workspace ws) {
+                       check_saved(p, use, saved, saved_bytes);
+                       call(p, a, ws);
+                     });
 }
 
 }  // namespace capi

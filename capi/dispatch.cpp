@@ -32,10 +32,7 @@ void check_dispatch(const moekit_plan& plan, const moekit_dispatch_args_t& a) {
         .check();
     p = Extent{t.value * d.top_k, "P = T*K"};
   }
-  TensorCheck(r, "expert_offsets", a.expert_offsets)
-      .dtype(MOEKIT_DTYPE_INT32)
-      .shape({{d.experts + 1, "E+1"}})
-      .check();
+  TensorCheck(r, "expert_offsets", a.expert_offsets).dtype(MOEKIT_DTYPE_INT32).shape({{d.experts + 1, "E+1"}}).check();
   TensorCheck(r, "gather_idx", a.gather_idx).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();
   TensorCheck(r, "pair_idx", a.pair_idx).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();
   TensorCheck(r, "grouped_pos", a.grouped_pos).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();

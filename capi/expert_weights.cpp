@@ -33,9 +33,19 @@ void check_expert_weights(const TensorRules& r, const moekit_moe_desc_t& d, cons
                           const moekit_tensor_t* b1, const moekit_tensor_t& w2, const moekit_tensor_t* b2) {
   const ExpertExtents x = expert_extents(d);
   TensorCheck(r, "w1", w1).dtype(d.dtype).shape({x.e, x.w, x.h}).check();
-  if (b1) TensorCheck(r, "b1", *b1).dtype(d.dtype).shape({x.e, x.w}).required_iff(d.has_b1, "the plan has has_b1 = 0").check();
+  if (b1)
+    TensorCheck(r, "b1", *b1)
+        .dtype(d.dtype)
+        .shape({x.e, x.w})
+        .required_iff(d.has_b1, "the plan has has_b1 = 0")
+        .check();
   TensorCheck(r, "w2", w2).dtype(d.dtype).shape({x.e, x.h, x.i}).check();
-  if (b2) TensorCheck(r, "b2", *b2).dtype(d.dtype).shape({x.e, x.h}).required_iff(d.has_b2, "the plan has has_b2 = 0").check();
+  if (b2)
+    TensorCheck(r, "b2", *b2)
+        .dtype(d.dtype)
+        .shape({x.e, x.h})
+        .required_iff(d.has_b2, "the plan has has_b2 = 0")
+        .check();
 }
 
 void check_expert_backward(const TensorRules& r, const moekit_moe_desc_t& d, const Extent& rows,

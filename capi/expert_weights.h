@@ -43,8 +43,9 @@ void check_expert_backward(const TensorRules& r, const moekit_moe_desc_t& d, con
 
 template <class BwdArgs>
 ExpertGradients gradients_of(const BwdArgs& a) {
-  return ExpertGradients{a.dx,         a.dw1,      a.db1,      a.dw2,      a.db2,     a.compute_input_grad,
-                         a.compute_weight_grad, a.beta_dx, a.beta_dw1, a.beta_db1, a.beta_dw2, a.beta_db2};
+  return ExpertGradients{
+      a.dx,      a.dw1,      a.db1,      a.dw2,      a.db2,     a.compute_input_grad, a.compute_weight_grad,
+      a.beta_dx, a.beta_dw1, a.beta_db1, a.beta_dw2, a.beta_db2};
 }
 
 }  // namespace capi

@@ -89,7 +89,11 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
       .optional_iff(bias || gated, "only the BIAS and GATED epilogues add a bias")
       .required_if(bias)
       .check();
-  TensorCheck(r, "h", a.h).dtype(d.dtype).shape({m, n}).required_iff(dgated, "only the DGATED epilogue reads h").check();
+  TensorCheck(r, "h", a.h)
+      .dtype(d.dtype)
+      .shape({m, n})
+      .required_iff(dgated, "only the DGATED epilogue reads h")
+      .check();
   TensorCheck(r, "act", a.act)
       .dtype(d.dtype)
       .shape({m, act_width})

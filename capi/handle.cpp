@@ -61,8 +61,7 @@ MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc
     moekit_handle_desc_t d = checked_struct("desc", desc, "moekit_handle_desc_init");
     if (handle == nullptr) moekit::throw_invalid("handle: the output pointer is NULL");
     d.struct_size = sizeof(moekit_handle_desc_t);
-    require_one_of("backend", d.backend, {MOEKIT_BACKEND_REFERENCE, MOEKIT_BACKEND_CUDA},
-                   "REFERENCE (0), CUDA (1)");
+    require_one_of("backend", d.backend, {MOEKIT_BACKEND_REFERENCE, MOEKIT_BACKEND_CUDA}, "REFERENCE (0), CUDA (1)");
     require_non_negative("device_index", d.device_index);
     if ((d.flags & ~static_cast<uint32_t>(MOEKIT_HANDLE_VALIDATE)) != 0)
       moekit::throw_invalid("flags: unknown bits set (" + std::to_string(d.flags) + ")");

@@ -108,21 +108,21 @@ MOEKIT_API moekit_status_t moekit_moe_bwd_args_init(moekit_moe_bwd_args_t* args)
 MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_moe_fwd_args_t* args, void* saved,
                                               size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                               void* stream) {
-  return run_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_fwd_args_init", workspace, workspace_bytes,
-                     check_forward, [&](const moekit_plan& p, const moekit_moe_fwd_args_t& a, moekit::Workspace ws) {
-                       check_saved(p, p.moe.inference != 0, SavedUse::forward, saved, saved_bytes);
-                       backend_of(p).moe_forward(p, a, saved, ws, stream);
-                     });
+  return run_layer_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_fwd_args_init", SavedUse::forward, saved,
+                           saved_bytes, workspace, workspace_bytes, check_forward,
+                           [&](const moekit_plan& p, const moekit_moe_fwd_args_t& a, moekit::Workspace ws) {
+                             backend_of(p).moe_forward(p, a, saved, ws, stream);
+                           });
 }
 
-MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_moe_bwd_args_t* args,
-                                               const void* saved, size_t saved_bytes, void* workspace,
-                                               size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_bwd_args_init", workspace, workspace_bytes,
-                     check_backward, [&](const moekit_plan& p, const moekit_moe_bwd_args_t& a, moekit::Workspace ws) {
-                       check_saved(p, p.moe.inference != 0, SavedUse::backward, saved, saved_bytes);
-                       backend_of(p).moe_backward(p, a, saved, ws, stream);
-                     });
+MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_moe_bwd_args_t* args, const void* saved,
+                                               size_t saved_bytes, void* workspace, size_t workspace_bytes,
+                                               void* stream) {
+  return run_layer_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_bwd_args_init", SavedUse::backward, saved,
+                           saved_bytes, workspace, workspace_bytes, check_backward,
+                           [&](const moekit_plan& p, const moekit_moe_bwd_args_t& a, moekit::Workspace ws) {
+                             backend_of(p).moe_backward(p, a, saved, ws, stream);
+                           });
 }
 
 }  // extern "C"

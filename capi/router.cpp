@@ -89,7 +89,8 @@ MOEKIT_API moekit_status_t moekit_router_forward(moekit_plan_t plan, const moeki
 MOEKIT_API moekit_status_t moekit_router_backward(moekit_plan_t plan, const moekit_router_bwd_args_t* args,
                                                   void* workspace, size_t workspace_bytes, void* stream) {
   return run_checked(plan, moekit::OpKind::router, args, "moekit_router_bwd_args_init", workspace, workspace_bytes,
-                     check_backward, [&](const moekit_plan& p, const moekit_router_bwd_args_t& a, moekit::Workspace ws) {
+                     check_backward,
+                     [&](const moekit_plan& p, const moekit_router_bwd_args_t& a, moekit::Workspace ws) {
                        backend_of(p).router_backward(p, a, ws, stream);
                      });
 }

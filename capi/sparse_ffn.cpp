@@ -21,8 +21,8 @@ void resolve_sparse_ffn(const moekit_handle& handle, moekit_sparse_ffn_desc_t& d
   require_positive("d_ff", d.d_ff);
   require_int32_count("d_ff", d.d_ff, "d_ff neurons");
   if (d.d_ff % d.group_size != 0)
-    throw_invalid("d_ff: " + std::to_string(d.d_ff) + " is not a multiple of group_size = " +
-                  std::to_string(d.group_size));
+    throw_invalid("d_ff: " + std::to_string(d.d_ff) +
+                  " is not a multiple of group_size = " + std::to_string(d.group_size));
   require_in_range("top_groups", d.top_groups, 1, d.d_ff / d.group_size, "1 <= top_groups <= d_ff / group_size");
   require_in_range("subsample", d.subsample, 0, d.group_size, "0 <= subsample <= group_size; 0 = all rows");
   require_float_dtype(handle, "dtype", d.dtype);
@@ -102,7 +102,10 @@ void check_load_balance(const moekit_handle& handle, const moekit_load_balance_a
   const TensorRules r = tensor_rules(handle);
   const Extent ng{leading_extent("counts", a.counts, "NG", std::numeric_limits<int32_t>::max(), "int32 range"), "NG"};
   require_positive("counts", ng.value);
-  TensorCheck(r, "counts", a.counts).dtype_in({MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64, MOEKIT_DTYPE_FP32}).shape({ng}).check();
+  TensorCheck(r, "counts", a.counts)
+      .dtype_in({MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64, MOEKIT_DTYPE_FP32})
+      .shape({ng})
+      .check();
   TensorCheck(r, "ema", a.ema).dtype(MOEKIT_DTYPE_FP32).shape({ng}).check();
   TensorCheck(r, "bias", a.bias).dtype(MOEKIT_DTYPE_FP32).shape({ng}).check();
   require_finite("tokens", a.tokens);
@@ -130,8 +133,8 @@ MOEKIT_API moekit_status_t moekit_sparse_ffn_desc_init(moekit_sparse_ffn_desc_t*
   });
 }
 
-MOEKIT_API moekit_status_t moekit_group_select_plan_create(moekit_handle_t handle,
-                                                           const moekit_sparse_ffn_desc_t* desc, moekit_plan_t* plan) {
+MOEKIT_API moekit_status_t moekit_group_select_plan_create(moekit_handle_t handle, const moekit_sparse_ffn_desc_t* desc,
+                                                           moekit_plan_t* plan) {
   return create_plan(handle, desc, plan, moekit::OpKind::group_select, &moekit_plan::sparse_ffn,
                      "moekit_sparse_ffn_desc_init", resolve_sparse_ffn);
 }
@@ -202,23 +205,21 @@ MOEKIT_API moekit_status_t moekit_sparse_ffn_bwd_args_init(moekit_sparse_ffn_bwd
 MOEKIT_API moekit_status_t moekit_sparse_ffn_forward(moekit_plan_t plan, const moekit_sparse_ffn_fwd_args_t* args,
                                                      void* saved, size_t saved_bytes, void* workspace,
                                                      size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_fwd_args_init", workspace,
-                     workspace_bytes, check_layer_forward,
-                     [&](const moekit_plan& p, const moekit_sparse_ffn_fwd_args_t& a, moekit::Workspace ws) {
-                       check_saved(p, p.sparse_ffn.inference != 0, SavedUse::forward, saved, saved_bytes);
-                       backend_of(p).sparse_ffn_forward(p, a, saved, ws, stream);
-                     });
+  return run_layer_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_fwd_args_init",
+                           SavedUse::forward, saved, saved_bytes, workspace, workspace_bytes, check_layer_forward,
+                           [&](const moekit_plan& p, const moekit_sparse_ffn_fwd_args_t& a, moekit::Workspace ws) {
+                             backend_of(p).sparse_ffn_forward(p, a, saved, ws, stream);
+                           });
 }
 
 MOEKIT_API moekit_status_t moekit_sparse_ffn_backward(moekit_plan_t plan, const moekit_sparse_ffn_bwd_args_t* args,
                                                       const void* saved, size_t saved_bytes, void* workspace,
                                                       size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_bwd_args_init", workspace,
-                     workspace_bytes, check_layer_backward,
-                     [&](const moekit_plan& p, const moekit_sparse_ffn_bwd_args_t& a, moekit::Workspace ws) {
-                       check_saved(p, p.sparse_ffn.inference != 0, SavedUse::backward, saved, saved_bytes);
-                       backend_of(p).sparse_ffn_backward(p, a, saved, ws, stream);
-                     });
+  return run_layer_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_bwd_args_init",
+                           SavedUse::backward, saved, saved_bytes, workspace, workspace_bytes, check_layer_backward,
+                           [&](const moekit_plan& p, const moekit_sparse_ffn_bwd_args_t& a, moekit::Workspace ws) {
+                             backend_of(p).sparse_ffn_backward(p, a, saved, ws, stream);
+                           });
 }
 
 }  // extern "C"

@@ -94,8 +94,8 @@ int64_t leading_extent(const char* name, const moekit_tensor_t& t, const char* s
     throw_invalid(prefix + "expected a tensor of rank >= 1 whose first dimension gives " + symbol + ", got rank " +
                   std::to_string(t.rank));
   int64_t value = t.shape[0] - minus;
-  std::string what = minus ? symbol + std::string(" = shape[0] - ") + std::to_string(minus)
-                           : symbol + std::string(" = shape[0]");
+  std::string what =
+      minus ? symbol + std::string(" = shape[0] - ") + std::to_string(minus) : symbol + std::string(" = shape[0]");
   if (value < 0)
     throw_invalid(prefix + what + " = " + std::to_string(value) + " is negative (shape " + shape_text(t) + ")");
   if (value > bound)
@@ -258,8 +258,8 @@ void TensorCheck::check_device() const {
   const moekit_device_t want = rules_.device;
   bool same = t_.device.type == want.type && (want.type != MOEKIT_DEVICE_CUDA || t_.device.index == want.index);
   if (!same)
-    fail("expected a " + device_text(want) + " tensor for a " + (rules_.cuda ? "CUDA" : "reference") +
-         " handle, got " + device_text(t_.device));
+    fail("expected a " + device_text(want) + " tensor for a " + (rules_.cuda ? "CUDA" : "reference") + " handle, got " +
+         device_text(t_.device));
 }
 
 void TensorCheck::check_reserved() const {

@@ -113,9 +113,14 @@ typedef struct moekit_device {
 
 #define MOEKIT_MAX_RANK 4
 
-/* A borrowed, strided view; moekit never frees it. An "absent" optional tensor has data == NULL.
- * Strides count elements; the last dimension must be contiguous (stride 1) unless a function says otherwise,
- * and data must be aligned to its element size (16 bytes on a CUDA handle for bf16/fp16/fp32 matrices). */
+/* A borrowed, strided view; moekit never frees it. An "absent" optional tensor has data == NULL (and rank 0, as
+ * the *_init functions leave it); a tensor with a zero extent is present even with data == NULL (as PyTorch hands
+ * out empty tensors). Strides count elements; the last dimension must be contiguous (stride 1) unless a function
+ * says otherwise; the other dimensions need not be contiguous but must not overlap (stride[i] >= stride[i+1] *
+ * shape[i+1]; dimensions of extent 1 are exempt). Data must be aligned to its element size (16 bytes on a CUDA
+ * handle for bf16/fp16/fp32 matrices). A tensor "read flat" may have any rank with the stated element count, and
+ * must then be contiguous. Tensors of scores and score gradients documented as fp32 may also be fp64 in an fp64
+ * plan (reference backend). */
 typedef struct moekit_tensor {
   void* data;
   int32_t dtype; /* moekit_dtype_t */
@@ -166,10 +171,12 @@ MOEKIT_API moekit_status_t moekit_handle_destroy(moekit_handle_t handle);
 /* Accepts NULL. */
 MOEKIT_API moekit_status_t moekit_plan_destroy(moekit_plan_t plan);
 /* Bytes of scratch memory every run of this plan needs (0 is possible; then workspace may be NULL).
- * A workspace holds nothing between calls; on a CUDA handle it is device memory aligned to 256 bytes. */
+ * A workspace holds nothing between calls; on a CUDA handle it is device memory aligned to 256 bytes (16 bytes of
+ * host memory on a reference handle). */
 MOEKIT_API moekit_status_t moekit_plan_workspace_size(moekit_plan_t plan, size_t* bytes);
 /* Bytes of the saved-activation buffer a layer forward fills and its backward reads (layers only; 0 for the
- * building blocks and in inference mode). 256-byte aligned device memory on a CUDA handle. */
+ * building blocks and in inference mode). 256-byte aligned device memory on a CUDA handle (16-byte aligned host
+ * memory on a reference handle). */
 MOEKIT_API moekit_status_t moekit_plan_saved_size(moekit_plan_t plan, size_t* bytes);
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -264,7 +271,8 @@ typedef struct moekit_dispatch_args {
   size_t struct_size;
   /* Fixed routing: */
   moekit_tensor_t indices;     /* [T, K] int32/int64 global expert ids; ids outside [e0, e0+E) drop the pair */
-  /* General routing (top_k = 0): the pairs sorted by token; indices is then [P_max] int32/int64 ids */
+  /* General routing (top_k = 0): the pairs sorted by token; indices is then [P] int32/int64 ids, where this
+   * call's P (<= max_pairs) is its row count, and every output below has P rows */
   moekit_tensor_t tok_offsets; /* [T+1] int32: token t owns pairs tok_offsets[t] .. tok_offsets[t+1] */
   /* Outputs (P = T*K, or P_max): */
   moekit_tensor_t expert_offsets; /* out [E+1] int32 */
@@ -314,12 +322,15 @@ typedef struct moekit_gemm_desc {
   int32_t glu_layout; /* GATED / DGATED, gated activations: moekit_glu_layout_t */
   double glu_limit;   /* SWIGLU_OAI's L; default 7 */
   int64_t groups;     /* E */
-  int64_t max_rows;   /* M_total bound: rows of the grouped operand (P) */
-  int64_t gather_rows; /* rows of the gathered source tensor (e.g. T); = max_rows without gather */
+  int64_t max_rows;   /* bound of M, the rows of the grouped operand (P): each call's M = rows of gather_idx (with
+                         gather) or of a (without), anything in 0..max_rows */
+  int64_t gather_rows; /* bound of S, the rows of the gathered source tensor (e.g. T) in 0..gather_rows; ignored
+                          without gather */
   int64_t n;          /* varlen M: output width N (for GATED, h's width); varlen K: C's last dim N */
   int64_t k;          /* varlen M: reduction length K; varlen K: C's middle dim M (columns of A) */
   int32_t dtype;      /* operand dtype: bf16, fp16, fp32, fp64 (reference) */
-  int32_t out_dtype;  /* C dtype: the operand dtype or fp32; default = dtype */
+  int32_t out_dtype;  /* C dtype: the operand dtype or fp32; default MOEKIT_DTYPE_INVALID (from *_init) = dtype;
+                         GATED and DGATED store h / dh in the operand dtype */
 } moekit_gemm_desc_t;
 
 MOEKIT_API moekit_status_t moekit_gemm_desc_init(moekit_gemm_desc_t* desc);
@@ -328,18 +339,19 @@ MOEKIT_API moekit_status_t moekit_gemm_plan_create(moekit_handle_t handle, const
 
 typedef struct moekit_gemm_args {
   size_t struct_size;
-  moekit_tensor_t a;          /* varlen M: [max_rows or gather_rows, k]; varlen K: [max_rows or gather_rows, k] */
-  moekit_tensor_t b;          /* varlen M: [E, n, k] or [E, k, n]; varlen K: [max_rows or gather_rows, n] */
+  moekit_tensor_t a;          /* varlen M: [M or S (gather A), k]; varlen K: [M or S (gather A), k] */
+  moekit_tensor_t b;          /* varlen M: [E, n, k] or [E, k, n] (DGATED: the product dA is as wide as a, so n/2
+                                 instead of n for a gated activation); varlen K: [M or S (gather B), n] */
   moekit_tensor_t offsets;    /* [E+1] int32 on the device: group e owns rows offsets[e] .. offsets[e+1] */
-  moekit_tensor_t gather_idx; /* [max_rows] int32/int64, with gather A or B */
+  moekit_tensor_t gather_idx; /* [M] int32/int64, with gather A or B (absent otherwise) */
   moekit_tensor_t bias;       /* [E, n] operand dtype, BIAS (required) and GATED (optional) */
   moekit_tensor_t c;          /* out: STORE/BIAS [max_rows, n] (varlen M) or [E, k, n] (varlen K);
                                  GATED: h [max_rows, n]; DGATED: dh [max_rows, n] (n = h's width) */
   moekit_tensor_t h;          /* DGATED in: [max_rows, n] the stored pre-activation */
   moekit_tensor_t act;        /* GATED out: a [max_rows, n/2] (n for non-gated); DGATED out: a' = s a */
-  moekit_tensor_t row_scale;  /* DGATED in: [P] fp32 scores, read at pair_idx[r] */
+  moekit_tensor_t row_scale;  /* DGATED in: [P = M] fp32 scores, read flat at pair_idx[r] */
   moekit_tensor_t pair_idx;   /* DGATED in: [max_rows] int32 */
-  moekit_tensor_t dscores;    /* DGATED out: [P] fp32, ds[pair_idx[r]] = dA_r . a_r; other entries untouched */
+  moekit_tensor_t dscores;    /* DGATED out: [P = M] fp32 read flat, ds[pair_idx[r]] = dA_r . a_r; others untouched */
   double alpha;               /* default 1 */
   double beta;                /* STORE/BIAS only; 0 (default): C is never read */
 } moekit_gemm_args_t;
@@ -368,7 +380,8 @@ MOEKIT_API moekit_status_t moekit_combine_plan_create(moekit_handle_t handle, co
 typedef struct moekit_combine_args {
   size_t struct_size;
   moekit_tensor_t grouped;     /* [P, H]: y (combine) or dxe (broadcast backward), grouped rows */
-  moekit_tensor_t scores;      /* combine: [T, K] fp32 (or [P_max] with variable top-k); broadcast: absent */
+  moekit_tensor_t scores;      /* combine: [T, K] fp32 (or [P] with variable top-k); broadcast: absent.
+                                  Variable top-k: this call's P (<= max_pairs) is the row count of grouped_pos */
   moekit_tensor_t grouped_pos; /* [P] int32: grouped row of pair p, -1 for a dropped pair (contributes 0) */
   moekit_tensor_t tok_offsets; /* [T+1] int32, variable top-k only */
   moekit_tensor_t out;         /* out [T, H]: out_t = beta out_t + sum over pairs of t, ascending (fp32 sum) */
@@ -390,7 +403,7 @@ typedef struct moekit_bias_grad_desc {
   int64_t width;    /* db1: 2I (or I); db2: H */
   int64_t max_tokens; /* db2: T (rows of dout) */
   int32_t dtype;    /* of dh / dout */
-  int32_t out_dtype; /* of db1 / db2: the dtype or fp32; default = dtype */
+  int32_t out_dtype; /* of db1 / db2: the dtype or fp32; default MOEKIT_DTYPE_INVALID (from *_init) = dtype */
 } moekit_bias_grad_desc_t;
 
 MOEKIT_API moekit_status_t moekit_bias_grad_desc_init(moekit_bias_grad_desc_t* desc);
@@ -408,13 +421,14 @@ typedef struct moekit_db1_args {
 typedef struct moekit_db2_ds_args {
   size_t struct_size;
   moekit_tensor_t dout;       /* [T, H] */
-  moekit_tensor_t scores;     /* [T, K] fp32 (flat [P]) */
+  moekit_tensor_t scores;     /* [T, K] fp32, read flat as [P]; P = rows of gather_idx */
   moekit_tensor_t b2;         /* [E, H] bias of the down projection, optional: without it ds is untouched */
   moekit_tensor_t offsets;    /* [E+1] int32 */
   moekit_tensor_t gather_idx; /* [P] int32: token of grouped row i */
   moekit_tensor_t pair_idx;   /* [P] int32: pair of grouped row i */
   moekit_tensor_t db2;        /* out [E, H], optional: beta db2 + sum over the expert's rows of s dout_t */
-  moekit_tensor_t dscores;    /* in/out [T, K] fp32: ds[p] += dout_t . b2[e] for every valid pair */
+  moekit_tensor_t dscores;    /* in/out [T, K] fp32, read flat: ds[p] += dout_t . b2[e] for every valid pair;
+                                 required with b2, optional without */
   double beta;
 } moekit_db2_ds_args_t;
 
@@ -439,7 +453,8 @@ typedef struct moekit_sparse_ffn_desc {
   int64_t subsample;  /* spg: rows per group the energy is estimated from; 0 (default) = all G */
   int32_t dtype;      /* bf16, fp16, fp32, fp64 (reference) */
   int32_t inference;  /* layer only: no backward follows, no saved buffer */
-  int32_t weight_grad_dtype; /* layer only: dtype of dWg, dWu, dWd: dtype (default) or fp32 */
+  int32_t weight_grad_dtype; /* layer only: dtype of dWg, dWu, dWd: dtype or fp32; default MOEKIT_DTYPE_INVALID
+                                (from *_init) = dtype */
 } moekit_sparse_ffn_desc_t;
 
 MOEKIT_API moekit_status_t moekit_sparse_ffn_desc_init(moekit_sparse_ffn_desc_t* desc);
@@ -511,8 +526,9 @@ typedef struct moekit_moe_desc {
   int32_t has_b1;       /* b1 [E, 2I] present */
   int32_t has_b2;       /* b2 [E, H] present */
   int32_t inference;    /* forward only: stores no h, needs no saved buffer */
-  int32_t dtype;        /* bf16 (default), fp16, fp64 (reference) */
-  int32_t weight_grad_dtype; /* dWr, dW1, db1, dW2, db2: dtype (default) or fp32 */
+  int32_t dtype;        /* bf16 (default), fp16, fp32, fp64 (reference) */
+  int32_t weight_grad_dtype; /* dWr, dW1, db1, dW2, db2: dtype or fp32; default MOEKIT_DTYPE_INVALID (from *_init)
+                                = dtype */
 } moekit_moe_desc_t;
 
 MOEKIT_API moekit_status_t moekit_moe_desc_init(moekit_moe_desc_t* desc);
@@ -553,7 +569,8 @@ typedef struct moekit_moe_bwd_args {
   moekit_tensor_t db2;       /* [E, H], iff has_b2 */
   int32_t compute_input_grad;  /* default 1 */
   int32_t compute_weight_grad; /* default 1 */
-  /* grad = beta * grad + new; 0: the old value is never read. */
+  /* grad = beta * grad + new; 0: the old value is never read. Gradients of a group not requested (flag 0) are
+   * neither checked nor touched, so they may be absent. */
   double beta_dx, beta_dw_router, beta_dw1, beta_db1, beta_dw2, beta_db2;
 } moekit_moe_bwd_args_t;
 

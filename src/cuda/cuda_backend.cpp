@@ -86,8 +86,7 @@ void CudaBackend::experts_backward(const moekit_plan&, const moekit_experts_bwd_
                                    void*) {
   not_implemented("experts backward");
 }
-void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace,
-                                     void*) {
+void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace, void*) {
   not_implemented("sparse FFN forward");
 }
 void CudaBackend::sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void*, Workspace,
