@@ -24,6 +24,7 @@ class HostTensor {
   int64_t rows() const { return shape_.empty() ? 1 : shape_[0]; }
   int64_t row_width() const { return rows() == 0 ? 0 : numel() / rows(); }
   void* data() { return bytes_.data(); }
+  const void* data() const { return bytes_.data(); }
 
   double get(int64_t i) const;           // element i (row-major), converted to double
   void set(int64_t i, double v);         // rounds v to the dtype

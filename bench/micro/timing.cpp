@@ -1,0 +1,78 @@
+#include "timing.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <stdexcept>
+
+#include "numeric.h"
+
+namespace moekit_bench {
+
+namespace {
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+}  // namespace
+
+Timing time_calls(const std::function<void(int)>& run, int sets, void* stream_ptr, int warmup, int runs) {
+  cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);
+  for (int i = 0; i < warmup; ++i) run(i % sets);
+  check(cudaStreamSynchronize(stream), "warm-up");
+  std::vector<cudaEvent_t> events(static_cast<size_t>(runs) + 1);
+  for (auto& e : events) check(cudaEventCreate(&e), "cudaEventCreate");
+  for (int i = 0; i < runs; ++i) {
+    check(cudaEventRecord(events[static_cast<size_t>(i)], stream), "cudaEventRecord");
+    run(i % sets);
+  }
+  check(cudaEventRecord(events[static_cast<size_t>(runs)], stream), "cudaEventRecord");
+  check(cudaEventSynchronize(events[static_cast<size_t>(runs)]), "cudaEventSynchronize");
+  std::vector<double> us(static_cast<size_t>(runs));
+  for (int i = 0; i < runs; ++i) {
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, events[static_cast<size_t>(i)], events[static_cast<size_t>(i) + 1]), "elapsed");
+    us[static_cast<size_t>(i)] = 1000.0 * ms;
+  }
+  for (auto& e : events) cudaEventDestroy(e);
+  std::sort(us.begin(), us.end());
+  return Timing{us[us.size() / 2], us.front(), us.back(), runs};
+}
+
+int rotation_sets(size_t bytes) {
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0);
+  size_t needed = 2 * static_cast<size_t>(l2) / std::max<size_t>(bytes, 1) + 1;
+  return static_cast<int>(std::min<size_t>(std::max<size_t>(needed, 2), 64));
+}
+
+double measured_copy_tbps(size_t bytes, void* stream) {
+  void* src = nullptr;
+  void* dst = nullptr;
+  check(cudaMalloc(&src, bytes), "cudaMalloc");
+  check(cudaMalloc(&dst, bytes), "cudaMalloc");
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  Timing t = time_calls([&](int) { check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s), "copy"); }, 1,
+                        stream, 5, 50);
+  cudaFree(src);
+  cudaFree(dst);
+  return 2.0 * static_cast<double>(bytes) / (t.median_us * 1e-6) / 1e12;
+}
+
+std::string format_row(const std::string& name, const Timing& t, const std::string& rate) {
+  char line[512];
+  std::snprintf(line, sizeof line, "%-48s %10.2f %10.2f %10.2f  %s", name.c_str(), t.median_us, t.min_us, t.max_us,
+                rate.c_str());
+  return line;
+}
+
+void fill_random_bf16(void* device, size_t count, float scale, unsigned long long seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> dist(-scale, scale);
+  std::vector<uint16_t> host(count);
+  for (auto& v : host) v = moekit::float_to_bf16(dist(rng));
+  check(cudaMemcpy(device, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+}
+
+}  // namespace moekit_bench
