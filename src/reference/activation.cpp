@@ -81,11 +81,6 @@ bool is_gated(int32_t activation) {
          activation == MOEKIT_ACT_SWIGLU_OAI;
 }
 
-bool is_known_activation(int32_t activation) {
-  return is_gated(activation) || activation == MOEKIT_ACT_GELU || activation == MOEKIT_ACT_RELU ||
-         activation == MOEKIT_ACT_SILU || activation == MOEKIT_ACT_RELU2;
-}
-
 int64_t h_width(const ActivationSpec& spec) { return is_gated(spec.activation) ? 2 * spec.width : spec.width; }
 
 void activation_forward(const ActivationSpec& spec, const double* h, double* a) {

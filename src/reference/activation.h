@@ -17,7 +17,6 @@ struct ActivationSpec {
 };
 
 bool is_gated(int32_t activation);
-bool is_known_activation(int32_t activation);
 // Width of an h row: 2I gated, I otherwise.
 int64_t h_width(const ActivationSpec& spec);
 

@@ -15,6 +15,7 @@
 
 #include "common/test_util.h"
 #include "numeric.h"
+#include "reference/matmul.h"
 
 using moekit_test::HostTensor;
 
@@ -539,4 +540,56 @@ TEST_CASE("grouped GEMM: bad offsets and gather indices are INVALID_VALUE, nothi
   REQUIRE(moekit_gemm(plan.plan, &args, nullptr, 0, nullptr) == MOEKIT_STATUS_INVALID_VALUE);
   REQUIRE(moekit_test::last_error().rfind("gather_idx", 0) == 0);
   require_poisoned_from(out, 0, "c");
+}
+
+// The determinism contract of the reference matmul (reference/matmul.h): every output element is the fused
+// multiply-add chain over ascending k, whatever the shape, strides, gathers, tiling and thread count.
+TEST_CASE("reference matmul: each element is the ascending-k fma chain, bit for bit, for any strides and gathers",
+          "[gemm]") {
+  using moekit::ref::MatmulTask;
+  using moekit::ref::MatrixView;
+  std::mt19937_64 rng(107);
+  std::uniform_real_distribution<double> value(-1.0, 1.0);
+  for (int trial = 0; trial < 30; ++trial) {
+    const int64_t m = static_cast<int64_t>(rng() % 140) + 1, n = static_cast<int64_t>(rng() % 540) + 1;
+    const int64_t k = trial % 10 == 0 ? 0 : static_cast<int64_t>(rng() % 400);
+    const bool a_transposed = rng() & 1, b_transposed = rng() & 1, accumulate = rng() & 1;
+    const bool a_gathered = rng() & 1, b_gathered = rng() & 1;
+    const int64_t a_rows = m + 5, b_rows = k + 3, ldc = n + 2;
+    std::vector<double> a(static_cast<size_t>(a_rows * (k + 1))), b(static_cast<size_t>(b_rows * (n + 1)));
+    std::vector<double> c(static_cast<size_t>(m * ldc));
+    for (double& v : a) v = value(rng);
+    for (double& v : b) v = value(rng);
+    for (double& v : c) v = value(rng);
+    std::vector<int64_t> a_index(static_cast<size_t>(m)), b_index(static_cast<size_t>(k));
+    for (int64_t& i : a_index) i = static_cast<int64_t>(rng() % static_cast<uint64_t>(a_rows));
+    for (int64_t& i : b_index) i = static_cast<int64_t>(rng() % static_cast<uint64_t>(b_rows));
+    MatmulTask task;
+    task.m = m;
+    task.n = n;
+    task.k = k;
+    // A [m, k]: stored [a_rows, k] row-major, or transposed as [k, a_rows] with the row index on its columns.
+    task.a = a_transposed ? MatrixView{a.data(), 1, a_rows, nullptr, nullptr} : MatrixView{a.data(), k, 1, nullptr, nullptr};
+    if (a_gathered) task.a.row_index = a_index.data();
+    task.b = b_transposed ? MatrixView{b.data(), 1, b_rows, nullptr, nullptr} : MatrixView{b.data(), n, 1, nullptr, nullptr};
+    if (b_gathered) task.b.row_index = b_index.data();
+    task.c = c.data();
+    task.ldc = ldc;
+    task.accumulate = accumulate;
+    auto element = [](const MatrixView& v, int64_t i, int64_t j) {
+      int64_t row = v.row_index ? v.row_index[i] : i;
+      return v.data[row * v.row_stride + j * v.col_stride];
+    };
+    std::vector<double> expected = c;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double sum = accumulate ? expected[static_cast<size_t>(i * ldc + j)] : 0.0;
+        for (int64_t p = 0; p < k; ++p) sum = std::fma(element(task.a, i, p), element(task.b, p, j), sum);
+        expected[static_cast<size_t>(i * ldc + j)] = sum;
+      }
+    moekit::ref::matmul(task);
+    INFO("trial " << trial << ": m " << m << " n " << n << " k " << k << " a^T " << a_transposed << " b^T "
+                  << b_transposed << " accumulate " << accumulate);
+    REQUIRE(std::memcmp(c.data(), expected.data(), c.size() * sizeof(double)) == 0);
+  }
 }

@@ -461,3 +461,39 @@ TEST_CASE("moe backward rejects a saved buffer from another plan or another toke
   second.plan = own;
   MOEKIT_REQUIRE_OK(second.backward(second.saved.data(), second.saved.size()));
 }
+
+TEST_CASE("moe forward and backward are bitwise identical with 1, 2 and 3 reference threads", "[moe]") {
+  Config c;
+  c.tokens = 150;
+  c.hidden = 200;
+  c.inter = 72;
+  c.router_experts = 5;
+  c.experts = 5;
+  c.top_k = 2;
+  std::vector<std::vector<uint8_t>> first;
+  for (int threads : {1, 2, 3}) {
+    moekit_handle_desc_t desc;
+    moekit_handle_desc_init(&desc);
+    desc.num_threads = threads;
+    moekit_handle_t handle = nullptr;
+    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
+    std::mt19937_64 rng(206);
+    {
+      Layer layer(handle, c, rng);
+      MOEKIT_REQUIRE_OK(layer.forward());
+      MOEKIT_REQUIRE_OK(layer.backward(layer.saved.data(), layer.saved.size()));
+      std::vector<std::vector<uint8_t>> results;
+      for (HostTensor* t : {&layer.out, &layer.dx, &layer.dwr, &layer.dw1, &layer.db1, &layer.dw2, &layer.db2}) {
+        const uint8_t* bytes = static_cast<const uint8_t*>(t->data());
+        results.emplace_back(bytes, bytes + t->numel() * static_cast<int64_t>(moekit_test::dtype_size(t->dtype())));
+      }
+      INFO(threads << " threads");
+      if (first.empty())
+        first = results;
+      else
+        REQUIRE(results == first);
+    }
+    moekit_handle_destroy(handle);
+  }
+  Handle restore_default_threads;  // NOTE: the reference thread count is process-wide; leave the default behind
+}
