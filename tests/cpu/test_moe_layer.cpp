@@ -497,3 +497,15 @@ TEST_CASE("moe forward and backward are bitwise identical with 1, 2 and 3 refere
   }
   Handle restore_default_threads;  // NOTE: the reference thread count is process-wide; leave the default behind
 }
+
+TEST_CASE("moe layer with T = 0 tokens: forward runs, weight gradients are exactly 0", "[moe]") {
+  Handle handle;
+  std::mt19937_64 rng(207);
+  Config c;
+  c.tokens = 0;
+  Layer layer(handle.handle, c, rng);
+  MOEKIT_REQUIRE_OK(layer.forward());
+  MOEKIT_REQUIRE_OK(layer.backward(layer.saved.data(), layer.saved.size()));
+  for (HostTensor* g : {&layer.dwr, &layer.dw1, &layer.db1, &layer.dw2, &layer.db2})
+    for (int64_t i = 0; i < g->numel(); ++i) REQUIRE(g->get(i) == 0.0);
+}
