@@ -419,7 +419,7 @@ TEST_CASE("sparse ffn gradients match central differences with subsample rows an
   check_gradients(c, 24);
 }
 
-TEST_CASE("sparse ffn backward: unselected groups get no weight gradient; beta 1 adds only to selected groups",
+TEST_CASE("sparse ffn backward: unselected groups get no weight gradient and beta 1 adds only to selected groups",
           "[sparse_ffn][gradients]") {
   std::mt19937_64 rng(31);
   FfnCase c;

@@ -191,7 +191,8 @@ for i in "${!names[@]}"; do
   printf '%-3s %-10s %4s    %s\n' "" "" "" "${details[$i]}"
 done
 echo
-echo "caught $(( ${#names[@]} - missed )) of ${#names[@]}; pattern problems $pattern_problems; $(( $(date +%s) - start )) s"
+echo "caught $(( ${#names[@]} - missed )) of ${#names[@]}; pattern problems $pattern_problems;" \
+  "$(( $(date +%s) - start )) s"
 if ((missed > 0 || pattern_problems > 0)); then
   exit 1
 fi
