@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cuda/dispatch/dispatch_layout.h"
 #include "error.h"
 
 namespace moekit {
@@ -46,6 +47,8 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 void CudaBackend::plan_sizes(moekit_plan& plan) const {
   plan.workspace_bytes = 0;
   plan.saved_bytes = 0;
+  if (plan.kind == OpKind::dispatch)
+    plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
 }
 
 void CudaBackend::router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) {
@@ -53,9 +56,6 @@ void CudaBackend::router_forward(const moekit_plan&, const moekit_router_fwd_arg
 }
 void CudaBackend::router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) {
   not_implemented("router backward");
-}
-void CudaBackend::dispatch(const moekit_plan&, const moekit_dispatch_args_t&, Workspace, void*) {
-  not_implemented("dispatch");
 }
 void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
   not_implemented("grouped GEMM");
