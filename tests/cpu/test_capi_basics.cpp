@@ -38,7 +38,7 @@ TEST_CASE("version: the number encodes MAJOR*10000 + MINOR*100 + PATCH and match
   CHECK(moekit_get_version() == 100);  // 0.1.0
 }
 
-TEST_CASE("status strings name every status; unknown values say so", "[capi]") {
+TEST_CASE("status strings name every status, and unknown values say so", "[capi]") {
   CHECK(std::string(moekit_status_string(MOEKIT_SUCCESS)) == "MOEKIT_SUCCESS");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_INVALID_VALUE)) == "MOEKIT_STATUS_INVALID_VALUE");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_NOT_SUPPORTED)) == "MOEKIT_STATUS_NOT_SUPPORTED");
@@ -304,7 +304,7 @@ TEST_CASE("tensor_make gives contiguous row-major strides and never fails", "[ca
   CHECK(too_many.rank == 9);  // kept, so validation reports it
 }
 
-TEST_CASE("plan size queries: building blocks and inference layers save nothing; training layers do", "[capi]") {
+TEST_CASE("plan size queries: building blocks and inference layers save nothing, training layers do", "[capi]") {
   moekit_handle_desc_t hd;
   moekit_handle_desc_init(&hd);
   moekit_handle_t handle = nullptr;

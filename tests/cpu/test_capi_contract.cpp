@@ -981,7 +981,7 @@ TEST_CASE("descriptor values out of range are rejected by field, and no plan is 
   }
 }
 
-TEST_CASE("a non-gated activation ignores the GLU layout; the unused fields of the experts plan are ignored",
+TEST_CASE("a non-gated activation ignores the GLU layout and the unused fields of the experts plan are ignored",
           "[capi]") {
   ReferenceHandle h;
   moekit_moe_desc_t d = moe_desc();
@@ -1169,7 +1169,7 @@ TEST_CASE("workspace: too small, NULL, misaligned", "[capi]") {
   CHECK(f.untouched());
 }
 
-TEST_CASE("saved buffer: too small, NULL, misaligned; an inference plan has no backward", "[capi]") {
+TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has no backward", "[capi]") {
   ReferenceHandle h;
   for (FixtureMaker make : {moe_forward, moe_backward, experts_forward, sparse_ffn_backward}) {
     std::unique_ptr<Fixture> f = make(h.handle);

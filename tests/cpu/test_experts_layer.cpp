@@ -343,7 +343,7 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
   }
 }
 
-TEST_CASE("experts backward: input-only and weight-only calls match the combined call; beta 1 adds to the old value",
+TEST_CASE("experts backward: input-only and weight-only calls match the combined call, and beta 1 adds to the old value",
           "[experts]") {
   Handle handle;
   std::mt19937_64 rng(303);
