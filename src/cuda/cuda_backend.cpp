@@ -5,6 +5,7 @@
 #include <string>
 
 #include "cuda/dispatch/dispatch_layout.h"
+#include "cuda/reduce/bias_sums.h"
 #include "error.h"
 
 namespace moekit {
@@ -49,6 +50,9 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
   plan.saved_bytes = 0;
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
+  if (plan.kind == OpKind::bias_grad)
+    plan.workspace_bytes =
+        reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
 }
 
 void CudaBackend::router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) {
@@ -59,13 +63,6 @@ void CudaBackend::router_backward(const moekit_plan&, const moekit_router_bwd_ar
 }
 void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
   not_implemented("grouped GEMM");
-}
-void CudaBackend::combine(const moekit_plan&, const moekit_combine_args_t&, Workspace, void*) {
-  not_implemented("combine");
-}
-void CudaBackend::db1(const moekit_plan&, const moekit_db1_args_t&, Workspace, void*) { not_implemented("db1"); }
-void CudaBackend::db2_ds(const moekit_plan&, const moekit_db2_ds_args_t&, Workspace, void*) {
-  not_implemented("db2_ds");
 }
 void CudaBackend::group_select(const moekit_plan&, const moekit_group_select_args_t&, Workspace, void*) {
   not_implemented("group select");

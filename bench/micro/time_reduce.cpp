@@ -1,0 +1,277 @@
+// Timing of the CUDA token reductions through the C ABI (moekit_time_reduce): combine and the broadcast backward at
+// T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), db1 at E = 128, 2I = 2048 over
+// the same P = 262144 grouped rows, db2 + ds at H = 4096. Prints the median/min/max time per call, the GB/s the
+// minimum bytes give at the median, and the percentage of the device-copy ceiling measured in the same run.
+// Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
+// rows of each pair, index and score tensors), nothing for the workspace.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "moekit/moekit.h"
+#include "timing.h"
+
+using namespace moekit_bench;
+
+namespace {
+
+constexpr int64_t kTokens = 32768, kTopK = 8, kExperts = 128, kHidden = 4096, kGatedWidth = 2048;
+constexpr int64_t kPairs = kTokens * kTopK;
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+void check(moekit_status_t status, const char* what) {
+  if (status != MOEKIT_SUCCESS) {
+    char message[512];
+    moekit_get_last_error(message, sizeof message);
+    throw std::runtime_error(std::string(what) + ": " + moekit_status_string(status) + ": " + message);
+  }
+}
+
+struct DeviceMemory {
+  void* data = nullptr;
+  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&data, std::max<size_t>(bytes, 1)), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(data); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+};
+
+template <class T>
+void upload(DeviceMemory& dst, const std::vector<T>& src) {
+  check(cudaMemcpy(dst.data, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+}
+
+// Random bf16 values: 8 MiB drawn on the host, then repeated on the device (the timing needs no fresh values).
+void fill_bf16(DeviceMemory& dst, size_t count, unsigned long long seed) {
+  const size_t tile = std::min<size_t>(count, size_t{4} << 20);
+  fill_random_bf16(dst.data, tile, 1.0f, seed);
+  for (size_t done = tile; done < count; done += tile)
+    check(cudaMemcpy(static_cast<uint16_t*>(dst.data) + done, dst.data, std::min(tile, count - done) * 2,
+                     cudaMemcpyDeviceToDevice),
+          "replicate");
+}
+
+moekit_tensor_t view(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
+  const moekit_device_t device{MOEKIT_DEVICE_CUDA, 0};
+  return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device);
+}
+
+// Random routing: K distinct experts per token; the grouped layout dispatch gives it (stable by expert).
+struct Routing {
+  std::vector<int32_t> offsets, gather_idx, pair_idx, grouped_pos;
+};
+
+Routing random_routing() {
+  std::mt19937_64 rng(7);
+  std::vector<int32_t> expert(kPairs);
+  std::vector<int32_t> ids(kExperts);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t t = 0; t < kTokens; ++t) {
+    for (int64_t k = 0; k < kTopK; ++k) {
+      std::uniform_int_distribution<int64_t> pick(k, kExperts - 1);
+      std::swap(ids[k], ids[pick(rng)]);
+      expert[t * kTopK + k] = ids[k];
+    }
+  }
+  Routing r;
+  r.offsets.assign(kExperts + 1, 0);
+  for (int32_t e : expert) ++r.offsets[e + 1];
+  for (int64_t e = 0; e < kExperts; ++e) r.offsets[e + 1] += r.offsets[e];
+  std::vector<int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  r.gather_idx.resize(kPairs);
+  r.pair_idx.resize(kPairs);
+  r.grouped_pos.resize(kPairs);
+  for (int64_t p = 0; p < kPairs; ++p) {
+    const int32_t i = next[expert[p]]++;
+    r.gather_idx[i] = static_cast<int32_t>(p / kTopK);
+    r.pair_idx[i] = static_cast<int32_t>(p);
+    r.grouped_pos[p] = i;
+  }
+  return r;
+}
+
+struct Row {
+  std::string name;
+  Timing timing;
+  double bytes;
+};
+
+}  // namespace
+
+int main() {
+  try {
+    cudaDeviceProp prop{};
+    check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+    cudaStream_t stream = nullptr;
+    check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+    moekit_handle_desc_t handle_desc;
+    moekit_handle_desc_init(&handle_desc);
+    handle_desc.backend = MOEKIT_BACKEND_CUDA;
+    moekit_handle_t handle = nullptr;
+    check(moekit_handle_create(&handle_desc, &handle), "moekit_handle_create");
+
+    const double copy_tbps = measured_copy_tbps(size_t{1} << 30, stream);
+    std::printf("device: %s, %d SMs; device copy ceiling (1 GiB, read + write): %.2f TB/s\n", prop.name,
+                prop.multiProcessorCount, copy_tbps);
+
+    const Routing routing = random_routing();
+    DeviceMemory grouped_pos(kPairs * 4), gather_idx(kPairs * 4), pair_idx(kPairs * 4), offsets((kExperts + 1) * 4);
+    upload(grouped_pos, routing.grouped_pos);
+    upload(gather_idx, routing.gather_idx);
+    upload(pair_idx, routing.pair_idx);
+    upload(offsets, routing.offsets);
+    std::vector<float> host_scores(kPairs);
+    std::mt19937_64 rng(11);
+    std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+    for (float& s : host_scores) s = unit(rng);
+    DeviceMemory scores(kPairs * 4), dscores(kPairs * 4);
+    upload(scores, host_scores);
+    upload(dscores, host_scores);
+
+    std::vector<Row> rows;
+
+    {  // combine and broadcast backward
+      const size_t y_bytes = size_t{kPairs} * kHidden * 2, out_bytes = size_t{kTokens} * kHidden * 2;
+      const int sets = rotation_sets(y_bytes + out_bytes);
+      std::vector<std::unique_ptr<DeviceMemory>> ys, outs;
+      for (int s = 0; s < sets; ++s) {
+        ys.push_back(std::make_unique<DeviceMemory>(y_bytes));
+        outs.push_back(std::make_unique<DeviceMemory>(out_bytes));
+        fill_bf16(*ys.back(), y_bytes / 2, 100 + s);
+      }
+      moekit_combine_desc_t desc;
+      moekit_combine_desc_init(&desc);
+      desc.max_tokens = kTokens;
+      desc.top_k = kTopK;
+      desc.hidden = kHidden;
+      desc.dtype = MOEKIT_DTYPE_BF16;
+      moekit_plan_t plan = nullptr;
+      check(moekit_combine_plan_create(handle, &desc, &plan), "combine plan");
+      for (int weighted = 1; weighted >= 0; --weighted) {
+        const auto run = [&](int s) {
+          moekit_combine_args_t args;
+          moekit_combine_args_init(&args);
+          args.grouped = view(ys[s]->data, MOEKIT_DTYPE_BF16, {kPairs, kHidden});
+          if (weighted) args.scores = view(scores.data, MOEKIT_DTYPE_FP32, {kTokens, kTopK});
+          args.grouped_pos = view(grouped_pos.data, MOEKIT_DTYPE_INT32, {kPairs});
+          args.out = view(outs[s]->data, MOEKIT_DTYPE_BF16, {kTokens, kHidden});
+          check(weighted ? moekit_combine(plan, &args, nullptr, 0, stream)
+                         : moekit_broadcast_backward(plan, &args, nullptr, 0, stream),
+                "combine");
+        };
+        const double bytes = static_cast<double>(y_bytes + out_bytes + kPairs * 4 + (weighted ? kPairs * 4 : 0));
+        rows.push_back(Row{weighted ? "combine T=32768 K=8 H=4096 bf16 beta=0" : "broadcast backward (same shape)",
+                           time_calls(run, sets, stream), bytes});
+      }
+      moekit_plan_destroy(plan);
+    }
+
+    {  // db1
+      const size_t dh_bytes = size_t{kPairs} * kGatedWidth * 2;
+      const int sets = rotation_sets(dh_bytes);
+      std::vector<std::unique_ptr<DeviceMemory>> dhs;
+      for (int s = 0; s < sets; ++s) {
+        dhs.push_back(std::make_unique<DeviceMemory>(dh_bytes));
+        fill_bf16(*dhs.back(), dh_bytes / 2, 200 + s);
+      }
+      DeviceMemory db1(kExperts * kGatedWidth * 2);
+      moekit_bias_grad_desc_t desc;
+      moekit_bias_grad_desc_init(&desc);
+      desc.experts = kExperts;
+      desc.max_rows = kPairs;
+      desc.width = kGatedWidth;
+      desc.dtype = MOEKIT_DTYPE_BF16;
+      moekit_plan_t plan = nullptr;
+      check(moekit_bias_grad_plan_create(handle, &desc, &plan), "db1 plan");
+      size_t workspace_bytes = 0;
+      check(moekit_plan_workspace_size(plan, &workspace_bytes), "workspace size");
+      DeviceMemory workspace(workspace_bytes);
+      std::printf("db1 workspace: %.1f MiB\n", static_cast<double>(workspace_bytes) / (1 << 20));
+      const auto run = [&](int s) {
+        moekit_db1_args_t args;
+        moekit_db1_args_init(&args);
+        args.dh = view(dhs[s]->data, MOEKIT_DTYPE_BF16, {kPairs, kGatedWidth});
+        args.offsets = view(offsets.data, MOEKIT_DTYPE_INT32, {kExperts + 1});
+        args.db1 = view(db1.data, MOEKIT_DTYPE_BF16, {kExperts, kGatedWidth});
+        check(moekit_db1(plan, &args, workspace.data, workspace_bytes, stream), "db1");
+      };
+      rows.push_back(Row{"db1 E=128 P=262144 2I=2048 bf16", time_calls(run, sets, stream),
+                         static_cast<double>(dh_bytes + kExperts * kGatedWidth * 2)});
+      moekit_plan_destroy(plan);
+    }
+
+    {  // db2 + ds
+      const size_t dout_bytes = size_t{kTokens} * kHidden * 2;
+      const int sets = rotation_sets(dout_bytes);
+      std::vector<std::unique_ptr<DeviceMemory>> douts;
+      for (int s = 0; s < sets; ++s) {
+        douts.push_back(std::make_unique<DeviceMemory>(dout_bytes));
+        fill_bf16(*douts.back(), dout_bytes / 2, 300 + s);
+      }
+      DeviceMemory b2(kExperts * kHidden * 2), db2(kExperts * kHidden * 2);
+      fill_bf16(b2, kExperts * kHidden, 400);
+      moekit_bias_grad_desc_t desc;
+      moekit_bias_grad_desc_init(&desc);
+      desc.experts = kExperts;
+      desc.max_rows = kPairs;
+      desc.width = kHidden;
+      desc.max_tokens = kTokens;
+      desc.dtype = MOEKIT_DTYPE_BF16;
+      moekit_plan_t plan = nullptr;
+      check(moekit_bias_grad_plan_create(handle, &desc, &plan), "db2 plan");
+      size_t workspace_bytes = 0;
+      check(moekit_plan_workspace_size(plan, &workspace_bytes), "workspace size");
+      DeviceMemory workspace(workspace_bytes);
+      std::printf("db2_ds workspace: %.1f MiB\n", static_cast<double>(workspace_bytes) / (1 << 20));
+      for (int with_db2 = 1; with_db2 >= 0; --with_db2) {
+        const auto run = [&](int s) {
+          moekit_db2_ds_args_t args;
+          moekit_db2_ds_args_init(&args);
+          args.dout = view(douts[s]->data, MOEKIT_DTYPE_BF16, {kTokens, kHidden});
+          args.scores = view(scores.data, MOEKIT_DTYPE_FP32, {kTokens, kTopK});
+          args.b2 = view(b2.data, MOEKIT_DTYPE_BF16, {kExperts, kHidden});
+          args.offsets = view(offsets.data, MOEKIT_DTYPE_INT32, {kExperts + 1});
+          args.gather_idx = view(gather_idx.data, MOEKIT_DTYPE_INT32, {kPairs});
+          args.pair_idx = view(pair_idx.data, MOEKIT_DTYPE_INT32, {kPairs});
+          if (with_db2) args.db2 = view(db2.data, MOEKIT_DTYPE_BF16, {kExperts, kHidden});
+          args.dscores = view(dscores.data, MOEKIT_DTYPE_FP32, {kTokens, kTopK});
+          check(moekit_db2_ds(plan, &args, workspace.data, workspace_bytes, stream), "db2_ds");
+        };
+        // Each pair's dout row is read (gathered), b2 once; db2 written; indices, scores and ds (read + write).
+        const double bytes = static_cast<double>(size_t{kPairs} * kHidden * 2 + kExperts * kHidden * 2 +
+                                                 (with_db2 ? kExperts * kHidden * 2 + kPairs * 4 : 0) +
+                                                 kPairs * (4 + 4 + 8));
+        rows.push_back(Row{with_db2 ? "db2 + ds E=128 P=262144 H=4096 bf16" : "ds only (b2, no db2), same shape",
+                           time_calls(run, sets, stream), bytes});
+      }
+      moekit_plan_destroy(plan);
+    }
+
+    check(cudaStreamSynchronize(stream), "synchronize");
+    std::printf("\n%-48s %10s %10s %10s  %s\n", "case", "median us", "min us", "max us",
+                "GB/s (minimum bytes) / % of copy ceiling");
+    for (const Row& r : rows) {
+      const double gbps = r.bytes / (r.timing.median_us * 1e-6) / 1e9;
+      char rate[128];
+      std::snprintf(rate, sizeof rate, "%.0f GB/s (%.2f GB) / %.0f%%", gbps, r.bytes / 1e9,
+                    100.0 * gbps / (copy_tbps * 1000.0));
+      std::printf("%s\n", format_row(r.name, r.timing, rate).c_str());
+    }
+    moekit_handle_destroy(handle);
+    cudaStreamDestroy(stream);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "moekit_time_reduce: %s\n", e.what());
+    return 1;
+  }
+}

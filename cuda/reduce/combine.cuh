@@ -1,0 +1,113 @@
+// The combine / broadcast-backward kernel (contract and launch shape: combine.h).
+//
+// Preconditions (checked by src/cuda/reduce_ops.cpp): H and both row strides are multiples of 8 elements and the
+// data pointers are 16-byte aligned, so every row is a whole number of 16-byte vectors. The device index tensors
+// are trusted: grouped_pos entries lie in [-1, P), tok_offsets is non-decreasing.
+//
+// Bytes moved per token: the K rows of `grouped` it names (H * 2 each), its output row (H * 2, twice with
+// beta != 0) and K indices and scores, which every thread of the token group reads from L1.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/storage.cuh"
+#include "cuda/reduce/combine.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace reduce {
+
+constexpr int combine_block_threads = 256;
+// Rows whose loads are issued together, before any of them is summed.
+constexpr int combine_pairs_in_flight = 8;
+
+template <class T>
+__global__ void __launch_bounds__(combine_block_threads, 3)
+    combine_kernel(CombineProblem problem, int group_log2) {
+  static_assert(sizeof(Vec16<T>) == 16 && Vec16<T>::size == 8, "the kernel reads rows of 2-byte values, 8 at a time");
+  constexpr int lanes = Vec16<T>::size;
+
+  const int group = 1 << group_log2;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * (combine_block_threads >> group_log2) +
+                        (threadIdx.x >> group_log2);
+  if (token >= problem.tokens) return;
+  const int lane = threadIdx.x & (group - 1);
+
+  int64_t begin, end;
+  if (problem.top_k > 0) {
+    begin = token * problem.top_k;
+    end = begin + problem.top_k;
+  } else {
+    begin = problem.tok_offsets[token];
+    end = problem.tok_offsets[token + 1];
+  }
+  // The weight of pair p is weights[p - begin].
+  const float* weights = nullptr;
+  if (problem.scores != nullptr)
+    weights = problem.top_k > 0 ? problem.scores + token * problem.score_stride : problem.scores + begin;
+
+  const T* grouped = static_cast<const T*>(problem.grouped);
+  T* out = static_cast<T*>(problem.out) + token * problem.out_stride;
+  const int64_t vectors = problem.hidden / lanes;
+
+  for (int64_t v = lane; v < vectors; v += group) {
+    const int64_t column = v * lanes;
+    float sum[lanes];
+#pragma unroll
+    for (int j = 0; j < lanes; ++j) sum[j] = 0.0f;
+
+    for (int64_t first = begin; first < end; first += combine_pairs_in_flight) {
+      int32_t pos[combine_pairs_in_flight];
+      float w[combine_pairs_in_flight];
+#pragma unroll
+      for (int u = 0; u < combine_pairs_in_flight; ++u) {
+        const int64_t p = first + u;
+        pos[u] = p < end ? __ldg(problem.grouped_pos + p) : -1;
+        w[u] = pos[u] < 0 ? 0.0f : weights != nullptr ? __ldg(weights + (p - begin)) : 1.0f;
+      }
+      // NOTE: a dropped pair's row is never read (it may hold anything, NaN included); it adds 0 * 0.
+      Vec16<T> rows[combine_pairs_in_flight];
+#pragma unroll
+      for (int u = 0; u < combine_pairs_in_flight; ++u)
+        rows[u] = pos[u] >= 0 ? load16(grouped + static_cast<int64_t>(pos[u]) * problem.grouped_stride + column)
+                              : Vec16<T>{};
+      // Ascending p, as SPEC section 3 step 4 orders the sum.
+#pragma unroll
+      for (int u = 0; u < combine_pairs_in_flight; ++u)
+#pragma unroll
+        for (int j = 0; j < lanes; ++j) sum[j] = fmaf(w[u], to_float(rows[u].v[j]), sum[j]);
+    }
+
+    Vec16<T> result;
+    if (problem.beta != 0.0f) {
+      const Vec16<T> old = load16(out + column);
+#pragma unroll
+      for (int j = 0; j < lanes; ++j) result.v[j] = from_float<T>(fmaf(problem.beta, to_float(old.v[j]), sum[j]));
+    } else {
+#pragma unroll
+      for (int j = 0; j < lanes; ++j) result.v[j] = from_float<T>(sum[j]);
+    }
+    store16(out + column, result);
+  }
+}
+
+template <class T>
+void launch_combine(const CombineProblem& problem, cudaStream_t stream) {
+  if (problem.tokens == 0) return;
+  const int64_t vectors = problem.hidden / Vec16<T>::size;
+  int group_log2 = 0;
+  while ((int64_t{1} << group_log2) < vectors && (1 << group_log2) < combine_block_threads) ++group_log2;
+  const int64_t tokens_per_block = combine_block_threads >> group_log2;
+  const int64_t blocks = (problem.tokens + tokens_per_block - 1) / tokens_per_block;
+  combine_kernel<T><<<static_cast<unsigned>(blocks), combine_block_threads, 0, stream>>>(problem, group_log2);
+  check_launch("combine kernel");
+}
+
+}  // namespace reduce
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

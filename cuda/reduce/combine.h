@@ -1,0 +1,48 @@
+// Host-callable launchers of the token combine (SPEC section 3 step 4) and of its weights-1 form, the broadcast
+// backward (section 4 step 7), fixed or variable top-k (section 6). Plain C++: src/cuda/reduce_ops.cpp includes it
+// from g++.
+//
+//   out[t] = beta * out[t] + sum over the pairs p of token t, ascending, of w[p] * grouped[grouped_pos[p]]
+//
+// fp32 accumulation in that order, one rounding to the storage dtype at the end; a dropped pair
+// (grouped_pos = -1) adds nothing; with beta = 0, out is never read.
+//
+// Launch shape: a "token group" of power-of-two threads per token (as many as the row has 16-byte vectors, at
+// most a block of 256); each thread owns whole 16-byte column vectors of the token's output row, keeps their
+// 8 fp32 sums in registers and issues the loads of 8 pairs' rows before it multiplies any of them, so many loads
+// are in flight. Every output element has exactly one writer and a fixed summation order: the result is the
+// same bits on every run and stream.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace reduce {
+
+struct CombineProblem {
+  int64_t tokens;  // T >= 0
+  int64_t hidden;  // H, a multiple of 8
+  int64_t top_k;   // K >= 1; 0: token t owns pairs tok_offsets[t] .. tok_offsets[t+1]
+  const void* grouped;     // [P, H] storage dtype, rows grouped_stride elements apart (a multiple of 8)
+  int64_t grouped_stride;
+  const float* scores;     // fixed top-k [T, K], rows score_stride apart; variable top-k [P]; nullptr: weights 1
+  int64_t score_stride;
+  const int32_t* grouped_pos;  // [P]: grouped row of pair p, -1 for a dropped pair
+  const int32_t* tok_offsets;  // [T+1], variable top-k only
+  void* out;                   // [T, H] storage dtype, rows out_stride elements apart (a multiple of 8)
+  int64_t out_stride;
+  float beta;  // 0: out is never read
+};
+
+// One per storage dtype (combine_bf16.cu, combine_fp16.cu). Only enqueue on `stream`.
+void combine_bf16(const CombineProblem& problem, cudaStream_t stream);
+void combine_fp16(const CombineProblem& problem, cudaStream_t stream);
+
+}  // namespace reduce
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
