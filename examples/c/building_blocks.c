@@ -28,42 +28,10 @@
 
 #include <moekit/moekit.h>
 
+#define EXAMPLE_NAME "building_blocks"
+#include "example_util.h"
+
 enum { T = 64, H = 64, I = 32, E = 4, K = 2, P = T * K };
-
-static void check(moekit_status_t status, const char* call) {
-  char message[1024];
-  if (status == MOEKIT_SUCCESS) return;
-  moekit_get_last_error(message, sizeof message);
-  fprintf(stderr, "building_blocks: %s failed: %s: %s\n", call, moekit_status_string(status), message);
-  exit(EXIT_FAILURE);
-}
-#define CHECK(call) check((call), #call)
-
-/* SplitMix64 and round-to-nearest-even bf16, as in moe_layer.c. */
-static uint64_t rng_state = 7;
-
-static float rng_uniform(float scale) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return (float)((2.0 * (double)(z >> 11) * (1.0 / 9007199254740992.0) - 1.0) * scale);
-}
-
-static uint16_t float_to_bf16(float value) {
-  uint32_t bits;
-  memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return (uint16_t)(bits >> 16);
-}
-
-static float bf16_to_float(uint16_t value) {
-  const uint32_t bits = (uint32_t)value << 16;
-  float result;
-  memcpy(&result, &bits, sizeof result);
-  return result;
-}
 
 static void fill_bf16(uint16_t* values, size_t count, float scale) {
   size_t i;
@@ -552,6 +520,7 @@ int main(void) {
   moekit_handle_t handle;
   int i;
 
+  rng_state = 7;
   fill_bf16(x, T * H, 1.0f);
   fill_bf16(w_router, E * H, 1.0f / sqrtf((float)H));
   fill_bf16(w1, E * 2 * I * H, 1.0f / sqrtf((float)H));

@@ -23,6 +23,9 @@
 
 #include <moekit/moekit.h>
 
+#define EXAMPLE_NAME "moe_layer"
+#include "example_util.h"
+
 #ifdef MOE_LAYER_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
@@ -38,16 +41,6 @@ static void fail(const char* what) {
   exit(EXIT_FAILURE);
 }
 
-/* Every moekit call goes through here: on failure, print the status and the library's own message. */
-static void check(moekit_status_t status, const char* call) {
-  char message[1024];
-  if (status == MOEKIT_SUCCESS) return;
-  moekit_get_last_error(message, sizeof message);
-  fprintf(stderr, "moe_layer: %s failed: %s: %s\n", call, moekit_status_string(status), message);
-  exit(EXIT_FAILURE);
-}
-#define CHECK(call) check((call), #call)
-
 #ifdef MOE_LAYER_WITH_CUDA
 static void check_cuda(cudaError_t status, const char* call) {
   if (status == cudaSuccess) return;
@@ -56,42 +49,6 @@ static void check_cuda(cudaError_t status, const char* call) {
 }
 #define CHECK_CUDA(call) check_cuda((call), #call)
 #endif
-
-/* ---------------------------------------------------------------------------------------------- */
-/* Random numbers and bf16                                                                        */
-/* ---------------------------------------------------------------------------------------------- */
-
-/* SplitMix64: small, and the same sequence on every platform. */
-static uint64_t rng_state = 42;
-
-static uint64_t rng_next(void) {
-  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Uniform in [-scale, scale). */
-static float rng_uniform(float scale) {
-  const double unit = (double)(rng_next() >> 11) * (1.0 / 9007199254740992.0); /* [0, 1) from 53 bits */
-  return (float)((2.0 * unit - 1.0) * scale);
-}
-
-/* bf16 is the top half of an fp32; round to nearest, ties to even. */
-static uint16_t float_to_bf16(float value) {
-  uint32_t bits;
-  memcpy(&bits, &value, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0; /* NaN stays a (quiet) NaN */
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  return (uint16_t)(bits >> 16);
-}
-
-static float bf16_to_float(uint16_t value) {
-  const uint32_t bits = (uint32_t)value << 16;
-  float result;
-  memcpy(&result, &bits, sizeof result);
-  return result;
-}
 
 /* ---------------------------------------------------------------------------------------------- */
 /* Buffers: host memory, mirrored on the GPU when the CUDA backend runs                           */

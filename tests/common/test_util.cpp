@@ -1,5 +1,8 @@
 #include "common/test_util.h"
 
+#include <catch2/catch.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -149,6 +152,48 @@ std::string last_error() {
   moekit_get_last_error(&text[0], text.size());
   text.resize(length);
   return text;
+}
+
+std::vector<int64_t> as_integers(const HostTensor& t) {
+  std::vector<int64_t> out;
+  for (double v : t.values()) out.push_back(static_cast<int64_t>(v));
+  return out;
+}
+
+double max_abs(const HostTensor& t) {
+  double m = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.get(i)));
+  return m;
+}
+
+double rms(const HostTensor& t) {
+  double sq = 0;
+  for (int64_t i = 0; i < t.numel(); ++i) sq += t.get(i) * t.get(i);
+  return t.numel() == 0 ? 0.0 : std::sqrt(sq / static_cast<double>(t.numel()));
+}
+
+ReferenceHandle::ReferenceHandle(int32_t num_threads) {
+  moekit_handle_desc_t desc;
+  MOEKIT_REQUIRE_OK(moekit_handle_desc_init(&desc));
+  desc.backend = MOEKIT_BACKEND_REFERENCE;
+  desc.num_threads = num_threads;
+  MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
+}
+
+ReferenceHandle::~ReferenceHandle() { moekit_handle_destroy(handle); }
+
+PlanOwner::~PlanOwner() { moekit_plan_destroy(plan); }
+
+void PlanOwner::size_workspace() {
+  size_t bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
+  workspace.resize(bytes);
+}
+
+AlignedBuffer AlignedBuffer::non_null(size_t bytes) {
+  AlignedBuffer buffer(bytes);
+  if (buffer.chunks_.empty()) buffer.chunks_.resize(1);
+  return buffer;
 }
 
 }  // namespace moekit_test

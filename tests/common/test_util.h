@@ -1,7 +1,9 @@
 // Shared test helpers: owning host tensors that hand out moekit_tensor_t views, random fills, poisoning, the
-// three error metrics of SPEC section 9, and a REQUIRE that prints the library's last error on failure.
+// three error metrics of SPEC section 9, a REQUIRE that prints the library's last error on failure, and owners
+// of a reference handle, a plan and an aligned buffer.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -64,6 +66,55 @@ bool within(const ErrorMetrics& m, const Bounds& b);
 std::string describe(const ErrorMetrics& m);
 
 std::string last_error();  // moekit_get_last_error as a std::string
+
+std::vector<int64_t> as_integers(const HostTensor& t);  // every element, truncated to int64
+double max_abs(const HostTensor& t);                     // 0 for an empty tensor
+double rms(const HostTensor& t);                         // 0 for an empty tensor
+
+// A reference-backend handle, destroyed with the owner; creating it REQUIREs success.
+// num_threads 0 is the library's default (hardware concurrency).
+class ReferenceHandle {
+ public:
+  explicit ReferenceHandle(int32_t num_threads = 0);
+  ~ReferenceHandle();
+  ReferenceHandle(const ReferenceHandle&) = delete;
+  ReferenceHandle& operator=(const ReferenceHandle&) = delete;
+
+  moekit_handle_t handle = nullptr;
+};
+
+// A plan, destroyed with the owner, and its workspace once size_workspace() has asked the plan for the size.
+struct PlanOwner {
+  PlanOwner() = default;
+  ~PlanOwner();
+  PlanOwner(const PlanOwner&) = delete;
+  PlanOwner& operator=(const PlanOwner&) = delete;
+
+  void size_workspace();  // REQUIREs moekit_plan_workspace_size to succeed
+  void* ws() { return workspace.empty() ? nullptr : workspace.data(); }  // NULL when no workspace is needed
+
+  moekit_plan_t plan = nullptr;
+  std::vector<uint8_t> workspace;
+};
+
+// Host bytes aligned to 256, as the library asks of saved buffers and workspaces (device memory's alignment).
+// data() is NULL for an empty buffer, as a caller with nothing to pass would pass; non_null() keeps a real
+// block behind an empty one, so a size check can be tested apart from the NULL check.
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(size_t bytes = 0) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
+  static AlignedBuffer non_null(size_t bytes);
+
+  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  struct alignas(256) Chunk {
+    unsigned char bytes[256];
+  };
+  std::vector<Chunk> chunks_;
+  size_t bytes_;
+};
 
 }  // namespace moekit_test
 

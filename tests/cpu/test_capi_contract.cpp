@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstdint>
-#include <cstdlib>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -17,7 +16,9 @@
 #include "moekit/moekit.h"
 #include "plan.h"
 
+using moekit_test::AlignedBuffer;
 using moekit_test::HostTensor;
+using moekit_test::ReferenceHandle;
 
 namespace {
 
@@ -40,31 +41,6 @@ Rejection outcome(moekit_status_t status) { return Rejection{status, moekit_test
     REQUIRE(rejection_.status == (expected_status));                                                        \
     REQUIRE_THAT(rejection_.message, Catch::Contains(argument));                                            \
   } while (0)
-
-// 256-byte aligned host memory for saved buffers and workspaces.
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes = 0) : bytes_(bytes), data_(std::aligned_alloc(256, round_up(bytes)), std::free) {}
-  void* data() const { return data_.get(); }
-  size_t bytes() const { return bytes_; }
-
- private:
-  static size_t round_up(size_t bytes) { return (bytes / 256 + 1) * 256; }
-  size_t bytes_;
-  std::unique_ptr<void, decltype(&std::free)> data_;
-};
-
-class ReferenceHandle {
- public:
-  ReferenceHandle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    desc.num_threads = 2;
-    REQUIRE(moekit_handle_create(&desc, &handle) == MOEKIT_SUCCESS);
-  }
-  ~ReferenceHandle() { moekit_handle_destroy(handle); }
-  moekit_handle_t handle = nullptr;
-};
 
 enum class Role { input, output };
 
@@ -543,7 +519,7 @@ void bind_expert_gradients(OpFixture<Args>& f, Args& a) {
 
 std::unique_ptr<Fixture> moe_forward(moekit_handle_t h) {
   auto f = fixture<moekit_moe_fwd_args_t>("MoE forward", [](auto& f) {
-    return moekit_moe_forward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_moe_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   moekit_moe_desc_t d = moe_desc();
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(h, &d, &f->plan));
@@ -564,7 +540,7 @@ std::unique_ptr<Fixture> moe_forward(moekit_handle_t h) {
 
 std::unique_ptr<Fixture> moe_backward(moekit_handle_t h) {
   auto f = fixture<moekit_moe_bwd_args_t>("MoE backward", [](auto& f) {
-    return moekit_moe_backward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_moe_backward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   f->baseline_succeeds = false;  // its saved buffer was never filled by a forward
   moekit_moe_desc_t d = moe_desc();
@@ -585,7 +561,7 @@ std::unique_ptr<Fixture> moe_backward(moekit_handle_t h) {
 
 std::unique_ptr<Fixture> experts_forward(moekit_handle_t h) {
   auto f = fixture<moekit_experts_fwd_args_t>("experts forward", [](auto& f) {
-    return moekit_experts_forward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_experts_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   moekit_moe_desc_t d = moe_desc();
   d.max_tokens = 12;
@@ -603,7 +579,7 @@ std::unique_ptr<Fixture> experts_forward(moekit_handle_t h) {
 
 std::unique_ptr<Fixture> experts_backward(moekit_handle_t h) {
   auto f = fixture<moekit_experts_bwd_args_t>("experts backward", [](auto& f) {
-    return moekit_experts_backward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_experts_backward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   f->baseline_succeeds = false;
   moekit_moe_desc_t d = moe_desc();
@@ -631,7 +607,7 @@ void bind_ffn_weights(OpFixture<Args>& f, Args& a) {
 
 std::unique_ptr<Fixture> sparse_ffn_forward(moekit_handle_t h) {
   auto f = fixture<moekit_sparse_ffn_fwd_args_t>("sparse FFN forward", [](auto& f) {
-    return moekit_sparse_ffn_forward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_sparse_ffn_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   moekit_sparse_ffn_desc_t d = sparse_ffn_desc();
   MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(h, &d, &f->plan));
@@ -651,7 +627,7 @@ std::unique_ptr<Fixture> sparse_ffn_forward(moekit_handle_t h) {
 
 std::unique_ptr<Fixture> sparse_ffn_backward(moekit_handle_t h) {
   auto f = fixture<moekit_sparse_ffn_bwd_args_t>("sparse FFN backward", [](auto& f) {
-    return moekit_sparse_ffn_backward(f.plan, &f.args, f.saved.data(), f.saved.bytes(), nullptr, 0, nullptr);
+    return moekit_sparse_ffn_backward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
   });
   f->baseline_succeeds = false;
   moekit_sparse_ffn_desc_t d = sparse_ffn_desc();
@@ -740,7 +716,7 @@ void expect_rejected(Fixture& f, Change change, Undo undo, moekit_status_t statu
 }  // namespace
 
 TEST_CASE("every tensor of every operation: a bad view is rejected, named, and nothing is written", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   for (FixtureMaker make : all_fixtures()) {
     std::unique_ptr<Fixture> f = make(h.handle);
     for (const Slot& slot : f->slots) {
@@ -758,7 +734,7 @@ TEST_CASE("every tensor of every operation: a bad view is rejected, named, and n
 }
 
 TEST_CASE("the valid call of every fixture passes validation and runs", "[capi][reference]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   for (FixtureMaker make : all_fixtures()) {
     std::unique_ptr<Fixture> f = make(h.handle);
     if (!f->baseline_succeeds) continue;
@@ -777,7 +753,7 @@ OpFixture<Args>& as(Fixture& f) {
 }  // namespace
 
 TEST_CASE("NULL handles, plans, args, descriptors and output pointers are rejected by name", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = router_forward(h.handle);
   auto& f = as<moekit_router_fwd_args_t>(*owner);
   f.snapshot();
@@ -815,7 +791,7 @@ TEST_CASE("NULL handles, plans, args, descriptors and output pointers are reject
 }
 
 TEST_CASE("a plan made for another operation is rejected, naming both", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto router = router_forward(h.handle);
   auto dispatch = dispatch_fixed(h.handle);
   auto& r = as<moekit_router_fwd_args_t>(*router);
@@ -827,18 +803,18 @@ TEST_CASE("a plan made for another operation is rejected, naming both", "[capi]"
   auto experts = experts_forward(h.handle);
   auto moe = moe_forward(h.handle);
   auto& m = as<moekit_moe_fwd_args_t>(*moe);
-  REQUIRE_REJECTED(moekit_moe_forward(experts->plan, &m.args, m.saved.data(), m.saved.bytes(), nullptr, 0, nullptr),
+  REQUIRE_REJECTED(moekit_moe_forward(experts->plan, &m.args, m.saved.data(), m.saved.size(), nullptr, 0, nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "plan: created for the experts layer, not for the MoE layer");
   auto select = group_select(h.handle);
   auto ffn = sparse_ffn_forward(h.handle);
   auto& s = as<moekit_sparse_ffn_fwd_args_t>(*ffn);
-  REQUIRE_REJECTED(moekit_sparse_ffn_forward(select->plan, &s.args, s.saved.data(), s.saved.bytes(), nullptr, 0,
+  REQUIRE_REJECTED(moekit_sparse_ffn_forward(select->plan, &s.args, s.saved.data(), s.saved.size(), nullptr, 0,
                                              nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "plan: created for the group selection");
 }
 
 TEST_CASE("a struct_size smaller than this header's is rejected and points to the init function", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = router_forward(h.handle);
   auto& f = as<moekit_router_fwd_args_t>(*owner);
   expect_rejected(
@@ -971,7 +947,7 @@ const std::vector<DescCase>& bad_descriptors() {
 }  // namespace
 
 TEST_CASE("descriptor values out of range are rejected by field, and no plan is returned", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   for (const DescCase& c : bad_descriptors()) {
     INFO(c.field);
     moekit_plan_t plan = reinterpret_cast<moekit_plan_t>(uintptr_t{0x5a5a});
@@ -983,7 +959,7 @@ TEST_CASE("descriptor values out of range are rejected by field, and no plan is 
 
 TEST_CASE("a non-gated activation ignores the GLU layout and the unused fields of the experts plan are ignored",
           "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   moekit_moe_desc_t d = moe_desc();
   d.activation = MOEKIT_ACT_RELU2;
   d.glu_layout = MOEKIT_GLU_INTERLEAVED;
@@ -1026,7 +1002,7 @@ TEST_CASE("handle descriptors: bad values, and a CUDA handle in a build or machi
 }
 
 TEST_CASE("run-time T: above max_tokens, or disagreeing between tensors, names the tensor", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = moe_forward(h.handle);
   auto& f = as<moekit_moe_fwd_args_t>(*owner);
   moekit_tensor_t& x = f.args.x;
@@ -1048,7 +1024,7 @@ TEST_CASE("run-time T: above max_tokens, or disagreeing between tensors, names t
 }
 
 TEST_CASE("messages say what was expected and what came", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = moe_forward(h.handle);
   auto& f = as<moekit_moe_fwd_args_t>(*owner);
   moekit_tensor_t& w1 = f.args.w1;
@@ -1064,7 +1040,7 @@ TEST_CASE("messages say what was expected and what came", "[capi]") {
 }
 
 TEST_CASE("tensors required or forbidden by the plan's flags", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   {
     // has_b1 = 0: b1 must be absent.
     auto owner = moe_forward(h.handle);
@@ -1149,7 +1125,7 @@ TEST_CASE("tensors required or forbidden by the plan's flags", "[capi]") {
 }
 
 TEST_CASE("workspace: too small, NULL, misaligned", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = router_forward(h.handle);
   auto& f = as<moekit_router_fwd_args_t>(*owner);
   // NOTE: the reference backend needs no workspace; the only white-box step of this file pretends it does, as a
@@ -1170,7 +1146,7 @@ TEST_CASE("workspace: too small, NULL, misaligned", "[capi]") {
 }
 
 TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has no backward", "[capi]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   for (FixtureMaker make : {moe_forward, moe_backward, experts_forward, sparse_ffn_backward}) {
     std::unique_ptr<Fixture> f = make(h.handle);
     size_t needed = 0;
@@ -1184,16 +1160,16 @@ TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has 
     INFO(f->op);
     expect_rejected(*f, [&] { saved = AlignedBuffer(needed - 1); }, [&] { saved = AlignedBuffer(needed); },
                     MOEKIT_STATUS_INSUFFICIENT_WORKSPACE, "saved_bytes:");
-    expect_rejected(*f, [&] { saved = AlignedBuffer(0); }, [&] { saved = AlignedBuffer(needed); },
+    expect_rejected(*f, [&] { saved = AlignedBuffer::non_null(0); }, [&] { saved = AlignedBuffer(needed); },
                     MOEKIT_STATUS_INSUFFICIENT_WORKSPACE, "saved_bytes:");
   }
   auto owner = moe_forward(h.handle);
   auto& f = as<moekit_moe_fwd_args_t>(*owner);
   f.snapshot();
-  REQUIRE_REJECTED(moekit_moe_forward(f.plan, &f.args, nullptr, f.saved.bytes(), nullptr, 0, nullptr),
+  REQUIRE_REJECTED(moekit_moe_forward(f.plan, &f.args, nullptr, f.saved.size(), nullptr, 0, nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "saved:");
-  AlignedBuffer bigger(f.saved.bytes() + 256);
-  REQUIRE_REJECTED(moekit_moe_forward(f.plan, &f.args, static_cast<char*>(bigger.data()) + 8, f.saved.bytes(), nullptr,
+  AlignedBuffer bigger(f.saved.size() + 256);
+  REQUIRE_REJECTED(moekit_moe_forward(f.plan, &f.args, static_cast<char*>(bigger.data()) + 8, f.saved.size(), nullptr,
                                       0, nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "saved:");
   CHECK(f.untouched());
@@ -1208,14 +1184,14 @@ TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has 
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(inference, &inference_saved));
   CHECK(inference_saved == 0);
   b.snapshot();
-  REQUIRE_REJECTED(moekit_moe_backward(inference, &b.args, b.saved.data(), b.saved.bytes(), nullptr, 0, nullptr),
+  REQUIRE_REJECTED(moekit_moe_backward(inference, &b.args, b.saved.data(), b.saved.size(), nullptr, 0, nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "inference");
   CHECK(b.untouched());
   moekit_plan_destroy(inference);
 }
 
 TEST_CASE("strided (padded) views and empty batches with NULL data are accepted", "[capi][reference]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto owner = router_forward(h.handle);
   auto& f = as<moekit_router_fwd_args_t>(*owner);
   // logits rows padded to 2E elements: not contiguous, but no two elements overlap.
@@ -1235,7 +1211,7 @@ TEST_CASE("strided (padded) views and empty batches with NULL data are accepted"
 }
 
 TEST_CASE("a saved buffer filled by another plan's forward is rejected by the backward", "[capi][reference]") {
-  ReferenceHandle h;
+  ReferenceHandle h(2);
   auto fwd_owner = moe_forward(h.handle);
   auto& fwd = as<moekit_moe_fwd_args_t>(*fwd_owner);
   MOEKIT_REQUIRE_OK(fwd.call());
@@ -1243,9 +1219,9 @@ TEST_CASE("a saved buffer filled by another plan's forward is rejected by the ba
   auto& bwd = as<moekit_moe_bwd_args_t>(*bwd_owner);
   bwd.args.x = fwd.args.x;
   bwd.snapshot();
-  REQUIRE_REJECTED(moekit_moe_backward(bwd.plan, &bwd.args, fwd.saved.data(), fwd.saved.bytes(), nullptr, 0, nullptr),
+  REQUIRE_REJECTED(moekit_moe_backward(bwd.plan, &bwd.args, fwd.saved.data(), fwd.saved.size(), nullptr, 0, nullptr),
                    MOEKIT_STATUS_INVALID_VALUE, "saved");
   CHECK(bwd.untouched());
   // The same buffer with the plan that filled it is accepted.
-  MOEKIT_REQUIRE_OK(moekit_moe_backward(fwd.plan, &bwd.args, fwd.saved.data(), fwd.saved.bytes(), nullptr, 0, nullptr));
+  MOEKIT_REQUIRE_OK(moekit_moe_backward(fwd.plan, &bwd.args, fwd.saved.data(), fwd.saved.size(), nullptr, 0, nullptr));
 }

@@ -10,18 +10,10 @@
 #include "common/test_util.h"
 
 using moekit_test::HostTensor;
+using moekit_test::ReferenceHandle;
+using moekit_test::as_integers;
 
 namespace {
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
 
 // The expected layout, built the obvious way: stable-sort the valid pairs by local expert.
 struct Layout {
@@ -49,12 +41,6 @@ Layout brute_force(const std::vector<int64_t>& pair_token, const std::vector<int
     out.expert_offsets[static_cast<size_t>(e + 1)] =
         out.expert_offsets[static_cast<size_t>(e)] +
         std::count(ids.begin(), ids.end(), expert_begin + e);
-  return out;
-}
-
-std::vector<int64_t> as_integers(const HostTensor& t) {
-  std::vector<int64_t> out;
-  for (double v : t.values()) out.push_back(static_cast<int64_t>(v));
   return out;
 }
 
@@ -120,7 +106,7 @@ struct FixedCase {
 }  // namespace
 
 TEST_CASE("dispatch with fixed top-k is a stable sort of the valid pairs by local expert", "[dispatch]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(31337);
   const FixedCase cases[] = {
       {"whole range", 53, 4, 8, 0, 0, 8},
@@ -151,7 +137,7 @@ TEST_CASE("dispatch with fixed top-k is a stable sort of the valid pairs by loca
 }
 
 TEST_CASE("dispatch with general routing: any number of pairs per token, including none", "[dispatch]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(8086);
   for (moekit_dtype_t index_dtype : {MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64})
     for (int64_t expert_begin : {0, 5}) {
@@ -185,7 +171,7 @@ TEST_CASE("dispatch with general routing: any number of pairs per token, includi
 }
 
 TEST_CASE("dispatch with general routing rejects more pairs than P_max", "[dispatch]") {
-  Handle h;
+  ReferenceHandle h;
   const int64_t T = 4, E = 3, max_pairs = 6;
   moekit_dispatch_desc_t desc;
   moekit_dispatch_desc_init(&desc);

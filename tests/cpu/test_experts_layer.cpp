@@ -15,37 +15,11 @@
 using layer_test::ExpertRef;
 using layer_test::require_matches;
 using moekit_test::HostTensor;
+using moekit_test::AlignedBuffer;
+using moekit_test::PlanOwner;
+using moekit_test::ReferenceHandle;
 
 namespace {
-
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
-  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
-  size_t size() const { return bytes_; }
-
- private:
-  struct alignas(256) Chunk {
-    unsigned char bytes[256];
-  };
-  std::vector<Chunk> chunks_;
-  size_t bytes_;
-};
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
-
-struct PlanGuard {
-  moekit_plan_t plan = nullptr;
-  ~PlanGuard() { moekit_plan_destroy(plan); }
-};
 
 struct Config {
   int32_t activation = MOEKIT_ACT_SWIGLU;
@@ -93,7 +67,7 @@ moekit_moe_desc_t experts_desc(const Config& c, int64_t max_rows) {
 // An experts plan with its parameters, grouped input rows and gradient tensors.
 struct Experts {
   Config c;
-  PlanGuard plan;
+  PlanOwner plan;
   AlignedBuffer saved{0};
   HostTensor x, offsets, w1, b1, w2, b2, y, dy, dx, dw1, db1, dw2, db2;
 
@@ -244,7 +218,7 @@ void check_against_loop(moekit_handle_t handle, const Config& c, std::mt19937_64
 
 TEST_CASE("experts forward and backward match a per-row loop (activations, layouts, biases, bf16 and fp64)",
           "[experts]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(301);
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64})
     for (int32_t activation : {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_GEGLU, MOEKIT_ACT_SWIGLU_OAI, MOEKIT_ACT_SILU})
@@ -260,7 +234,7 @@ TEST_CASE("experts forward and backward match a per-row loop (activations, layou
 
 TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores, give the layer's out bit for bit",
           "[experts]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(302);
   const int64_t T = 17, H = 16, I = 8, E = 5, K = 2;
   Config c;
@@ -274,7 +248,7 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
     // The layer.
     moekit_moe_desc_t md = experts_desc(c, T);
     md.top_k = K;
-    PlanGuard layer;
+    PlanOwner layer;
     MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle.handle, &md, &layer.plan));
     size_t saved_bytes = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(layer.plan, &saved_bytes));
@@ -304,7 +278,7 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
     dd.max_tokens = T;
     dd.top_k = K;
     dd.experts = E;
-    PlanGuard dispatch;
+    PlanOwner dispatch;
     MOEKIT_REQUIRE_OK(moekit_dispatch_plan_create(handle.handle, &dd, &dispatch.plan));
     HostTensor gather(MOEKIT_DTYPE_INT32, {T * K}), pair(MOEKIT_DTYPE_INT32, {T * K}),
         grouped_pos(MOEKIT_DTYPE_INT32, {T * K});
@@ -328,7 +302,7 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
     cd.top_k = K;
     cd.hidden = H;
     cd.dtype = dtype;
-    PlanGuard combine;
+    PlanOwner combine;
     MOEKIT_REQUIRE_OK(moekit_combine_plan_create(handle.handle, &cd, &combine.plan));
     HostTensor combined(dtype, {T, H});
     combined.poison();
@@ -345,7 +319,7 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
 
 TEST_CASE("experts backward: input-only and weight-only calls match the combined call, and beta 1 adds to the old value",
           "[experts]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(303);
   Config c;
   c.dtype = MOEKIT_DTYPE_FP64;  // old + new is then one exact float64 addition the test can redo
@@ -385,7 +359,7 @@ TEST_CASE("experts backward: input-only and weight-only calls match the combined
 }
 
 TEST_CASE("experts backward rejects a saved buffer from another plan", "[experts]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(304);
   Config c;
   Experts first(handle.handle, c, rng), second(handle.handle, c, rng);

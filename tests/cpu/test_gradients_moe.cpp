@@ -21,6 +21,10 @@
 namespace {
 
 using moekit_test::HostTensor;
+using moekit_test::AlignedBuffer;
+using moekit_test::ReferenceHandle;
+using moekit_test::max_abs;
+using moekit_test::rms;
 
 constexpr double kSelectionMargin = 1e-3;  // smallest gap between consecutive router keys down to the (K+1)-th
 constexpr double kKinkMargin = 1e-3;       // smallest distance of a pre-activation from a kink
@@ -58,39 +62,6 @@ struct MoeCase {
   bool drops_pairs() const { return expert_begin > 0 || experts < router_experts; }
 };
 
-// The bytes of a saved buffer or workspace, 256-byte aligned as the library asks of device memory.
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
-  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
-  size_t size() const { return bytes_; }
-
- private:
-  struct alignas(256) Chunk {
-    unsigned char bytes[256];
-  };
-  std::vector<Chunk> chunks_;
-  size_t bytes_;
-};
-
-class Handle {
- public:
-  Handle() {
-    moekit_handle_desc_t desc;
-    MOEKIT_REQUIRE_OK(moekit_handle_desc_init(&desc));
-    desc.backend = MOEKIT_BACKEND_REFERENCE;
-    desc.num_threads = 1;  // thousands of tiny forwards: thread start-up would dominate
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle_));
-  }
-  ~Handle() { moekit_handle_destroy(handle_); }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  moekit_handle_t get() const { return handle_; }
-
- private:
-  moekit_handle_t handle_ = nullptr;
-};
-
 // The gradients one backward call writes; absent ones (no b1, no b2) stay empty.
 struct MoeGradients {
   HostTensor dx, dw_router, dw1, db1, dw2, db2;
@@ -126,7 +97,7 @@ class MoeProblem {
     desc.inference = 0;
     desc.dtype = MOEKIT_DTYPE_FP64;
     desc.weight_grad_dtype = MOEKIT_DTYPE_FP64;
-    MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle_.get(), &desc, &plan_));
+    MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle_.handle, &desc, &plan_));
     size_t saved_bytes = 0, workspace_bytes = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan_, &saved_bytes));
     MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan_, &workspace_bytes));
@@ -345,7 +316,7 @@ class MoeProblem {
   }
 
   MoeCase case_;
-  Handle handle_;
+  ReferenceHandle handle_{1};  // one thread: thousands of tiny forwards, thread start-up would dominate
   moekit_plan_t plan_ = nullptr;
   AlignedBuffer saved_{0};
   AlignedBuffer workspace_{0};
@@ -363,18 +334,6 @@ std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng
   }
   all.resize(static_cast<size_t>(count));
   return all;
-}
-
-double max_abs(const HostTensor& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.get(i)));
-  return m;
-}
-
-double rms(const HostTensor& t) {
-  double sq = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) sq += t.get(i) * t.get(i);
-  return t.numel() == 0 ? 0.0 : std::sqrt(sq / static_cast<double>(t.numel()));
 }
 
 // Central differences of problem.loss() with respect to `entries` of `param`, against `grad`. The error of an entry

@@ -21,6 +21,10 @@
 namespace {
 
 using moekit_test::HostTensor;
+using moekit_test::AlignedBuffer;
+using moekit_test::ReferenceHandle;
+using moekit_test::max_abs;
+using moekit_test::rms;
 
 constexpr double kEnergyMargin = 1e-3;  // smallest relative gap between consecutive energies down to the (kg+1)-th
 constexpr double kRelativeStep = 1e-5;  // as in test_gradients_moe.cpp
@@ -39,38 +43,6 @@ struct FfnCase {
   bool need_unselected_group = false;  // redraw until some group is selected by no token
 
   int64_t groups() const { return d_ff / group_size; }
-};
-
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
-  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
-  size_t size() const { return bytes_; }
-
- private:
-  struct alignas(256) Chunk {
-    unsigned char bytes[256];
-  };
-  std::vector<Chunk> chunks_;
-  size_t bytes_;
-};
-
-class Handle {
- public:
-  Handle() {
-    moekit_handle_desc_t desc;
-    MOEKIT_REQUIRE_OK(moekit_handle_desc_init(&desc));
-    desc.backend = MOEKIT_BACKEND_REFERENCE;
-    desc.num_threads = 1;  // thousands of tiny forwards: thread start-up would dominate
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle_));
-  }
-  ~Handle() { moekit_handle_destroy(handle_); }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  moekit_handle_t get() const { return handle_; }
-
- private:
-  moekit_handle_t handle_ = nullptr;
 };
 
 struct FfnGradients {
@@ -100,7 +72,7 @@ class FfnProblem {
     desc.dtype = MOEKIT_DTYPE_FP64;
     desc.inference = 0;
     desc.weight_grad_dtype = MOEKIT_DTYPE_FP64;
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(handle_.get(), &desc, &plan_));
+    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(handle_.handle, &desc, &plan_));
     size_t saved_bytes = 0, workspace_bytes = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan_, &saved_bytes));
     MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan_, &workspace_bytes));
@@ -265,7 +237,7 @@ class FfnProblem {
   }
 
   FfnCase case_;
-  Handle handle_;
+  ReferenceHandle handle_{1};  // one thread: thousands of tiny forwards, thread start-up would dominate
   moekit_plan_t plan_ = nullptr;
   AlignedBuffer saved_{0};
   AlignedBuffer workspace_{0};
@@ -284,18 +256,6 @@ std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng
   }
   all.resize(static_cast<size_t>(count));
   return all;
-}
-
-double max_abs(const HostTensor& t) {
-  double m = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) m = std::max(m, std::abs(t.get(i)));
-  return m;
-}
-
-double rms(const HostTensor& t) {
-  double sq = 0;
-  for (int64_t i = 0; i < t.numel(); ++i) sq += t.get(i) * t.get(i);
-  return t.numel() == 0 ? 0.0 : std::sqrt(sq / static_cast<double>(t.numel()));
 }
 
 // The neuron (row of Wg/Wu, column of Wd) an entry of a weight tensor belongs to.

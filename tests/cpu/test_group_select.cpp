@@ -11,18 +11,11 @@
 #include "numeric.h"
 
 using moekit_test::HostTensor;
+using moekit_test::PlanOwner;
+using moekit_test::ReferenceHandle;
+using moekit_test::as_integers;
 
 namespace {
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
 
 // en[t, g] = (G / spg) * sum over the group's (subsample) rows n of |silu(round(x_t . Wg_n))| * exp(bias[g]);
 // groups ordered by fp32 energy, descending, ties to the lower group.
@@ -57,36 +50,35 @@ std::vector<int64_t> expected_groups(const moekit_sparse_ffn_desc_t& d, int64_t 
   return out;
 }
 
-std::vector<int64_t> as_integers(const HostTensor& t) {
-  std::vector<int64_t> out;
-  for (double v : t.values()) out.push_back(static_cast<int64_t>(v));
-  return out;
+// Creates a group-select plan (d_ff = F rows in groups of G) with its workspace; returns the descriptor it used.
+moekit_sparse_ffn_desc_t create_select_plan(moekit_handle_t handle, PlanOwner& plan, int64_t T, int64_t D, int64_t F,
+                                            int64_t G, int64_t top_groups, int64_t subsample, moekit_dtype_t dtype) {
+  moekit_sparse_ffn_desc_t desc;
+  moekit_sparse_ffn_desc_init(&desc);
+  desc.max_tokens = T;
+  desc.d_model = D;
+  desc.d_ff = F;
+  desc.group_size = G;
+  desc.top_groups = top_groups;
+  desc.subsample = subsample;
+  desc.dtype = dtype;
+  MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(handle, &desc, &plan.plan));
+  plan.size_workspace();
+  return desc;
 }
 
 }  // namespace
 
 TEST_CASE("group select matches the energy formula, with and without subsample and bias", "[group_select]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(2718);
   const int64_t T = 19, D = 24, G = 32, F = 8 * G, kg = 3;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, MOEKIT_DTYPE_FP64})
     for (int64_t subsample : {int64_t{0}, int64_t{8}})
       for (bool with_bias : {false, true}) {
         INFO("dtype " << dtype << ", subsample " << subsample << ", bias " << with_bias);
-        moekit_sparse_ffn_desc_t desc;
-        moekit_sparse_ffn_desc_init(&desc);
-        desc.max_tokens = T;
-        desc.d_model = D;
-        desc.d_ff = F;
-        desc.group_size = G;
-        desc.top_groups = kg;
-        desc.subsample = subsample;
-        desc.dtype = dtype;
-        moekit_plan_t plan = nullptr;
-        MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(h.handle, &desc, &plan));
-        size_t workspace_bytes = 0;
-        MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
-        std::vector<uint8_t> workspace(workspace_bytes);
+        PlanOwner plan;
+        moekit_sparse_ffn_desc_t desc = create_select_plan(h.handle, plan, T, D, F, G, kg, subsample, dtype);
 
         HostTensor x(dtype, {T, D}), w_gate(dtype, {F, D}), bias(MOEKIT_DTYPE_FP32, {F / G});
         x.fill_uniform(rng, 1.0);
@@ -112,9 +104,7 @@ TEST_CASE("group select matches the energy formula, with and without subsample a
         if (with_bias) args.lb_bias = bias.view();
         args.groups = groups.view();
         args.counts = counts.view();
-        MOEKIT_REQUIRE_OK(moekit_group_select(plan, &args, workspace.empty() ? nullptr : workspace.data(),
-                                              workspace.size(), nullptr));
-        moekit_plan_destroy(plan);
+        MOEKIT_REQUIRE_OK(moekit_group_select(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr));
 
         std::vector<int64_t> want =
             expected_groups(desc, T, x.values(), w_gate.values(), row_ids, with_bias ? bias.values() : std::vector<double>{});
@@ -133,22 +123,11 @@ TEST_CASE("group select matches the energy formula, with and without subsample a
 }
 
 TEST_CASE("group select: a large load-balance bias steers every token to its group", "[group_select]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(161);
   const int64_t T = 7, D = 16, G = 16, F = 4 * G, kg = 1;
-  moekit_sparse_ffn_desc_t desc;
-  moekit_sparse_ffn_desc_init(&desc);
-  desc.max_tokens = T;
-  desc.d_model = D;
-  desc.d_ff = F;
-  desc.group_size = G;
-  desc.top_groups = kg;
-  desc.dtype = MOEKIT_DTYPE_FP32;
-  moekit_plan_t plan = nullptr;
-  MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(h.handle, &desc, &plan));
-  size_t workspace_bytes = 0;
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
-  std::vector<uint8_t> workspace(workspace_bytes);
+  PlanOwner plan;
+  create_select_plan(h.handle, plan, T, D, F, G, kg, 0, MOEKIT_DTYPE_FP32);
   HostTensor x(MOEKIT_DTYPE_FP32, {T, D}), w_gate(MOEKIT_DTYPE_FP32, {F, D}), bias(MOEKIT_DTYPE_FP32, {F / G});
   x.fill_uniform(rng, 1.0);
   w_gate.fill_uniform(rng, 1.0);
@@ -161,33 +140,20 @@ TEST_CASE("group select: a large load-balance bias steers every token to its gro
   args.w_gate = w_gate.view();
   args.lb_bias = bias.view();
   args.groups = groups.view();
-  MOEKIT_REQUIRE_OK(moekit_group_select(plan, &args, workspace.empty() ? nullptr : workspace.data(),
-                                        workspace.size(), nullptr));
-  moekit_plan_destroy(plan);
+  MOEKIT_REQUIRE_OK(moekit_group_select(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr));
   for (int64_t t = 0; t < T; ++t) REQUIRE(groups.get(t) == 2);
 }
 
 TEST_CASE("group select reads the gate pre-activation rounded to the storage dtype", "[group_select]") {
-  Handle h;
+  ReferenceHandle h;
   // x = [1, 1]. Group 0's neurons have w = [1, 0] (pre-activation 1); group 1's have w = [1, 2^-8]
   // (pre-activation 1 + 2^-8, exact in fp32, a tie that rounds to even, i.e. to 1, in bf16). In bf16 the energies
   // tie and the lower group wins; in fp32 group 1 is larger.
   const int64_t T = 1, D = 2, G = 16, F = 2 * G;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32}) {
     INFO("dtype " << dtype);
-    moekit_sparse_ffn_desc_t desc;
-    moekit_sparse_ffn_desc_init(&desc);
-    desc.max_tokens = T;
-    desc.d_model = D;
-    desc.d_ff = F;
-    desc.group_size = G;
-    desc.top_groups = 1;
-    desc.dtype = dtype;
-    moekit_plan_t plan = nullptr;
-    MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(h.handle, &desc, &plan));
-    size_t workspace_bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
-    std::vector<uint8_t> workspace(workspace_bytes);
+    PlanOwner plan;
+    create_select_plan(h.handle, plan, T, D, F, G, 1, 0, dtype);
     HostTensor x(dtype, {T, D}), w_gate(dtype, {F, D}), groups(MOEKIT_DTYPE_INT32, {T, 1});
     x.set_values({1.0, 1.0});
     for (int64_t n = 0; n < F; ++n) {
@@ -200,31 +166,17 @@ TEST_CASE("group select reads the gate pre-activation rounded to the storage dty
     args.x = x.view();
     args.w_gate = w_gate.view();
     args.groups = groups.view();
-    MOEKIT_REQUIRE_OK(moekit_group_select(plan, &args, workspace.empty() ? nullptr : workspace.data(),
-                                          workspace.size(), nullptr));
-    moekit_plan_destroy(plan);
+    MOEKIT_REQUIRE_OK(moekit_group_select(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr));
     REQUIRE(groups.get(0) == (dtype == MOEKIT_DTYPE_BF16 ? 0 : 1));
   }
 }
 
 TEST_CASE("group select rejects a subsample row outside its group and writes nothing", "[group_select]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(314);
   const int64_t T = 3, D = 8, G = 16, F = 2 * G, spg = 4;
-  moekit_sparse_ffn_desc_t desc;
-  moekit_sparse_ffn_desc_init(&desc);
-  desc.max_tokens = T;
-  desc.d_model = D;
-  desc.d_ff = F;
-  desc.group_size = G;
-  desc.top_groups = 1;
-  desc.subsample = spg;
-  desc.dtype = MOEKIT_DTYPE_FP32;
-  moekit_plan_t plan = nullptr;
-  MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(h.handle, &desc, &plan));
-  size_t workspace_bytes = 0;
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
-  std::vector<uint8_t> workspace(workspace_bytes);
+  PlanOwner plan;
+  create_select_plan(h.handle, plan, T, D, F, G, 1, spg, MOEKIT_DTYPE_FP32);
   HostTensor x(MOEKIT_DTYPE_FP32, {T, D}), w_gate(MOEKIT_DTYPE_FP32, {F, D}), groups(MOEKIT_DTYPE_INT32, {T, 1});
   x.fill_uniform(rng, 1.0);
   w_gate.fill_uniform(rng, 1.0);
@@ -238,9 +190,7 @@ TEST_CASE("group select rejects a subsample row outside its group and writes not
   args.w_gate = w_gate.view();
   args.subsample_rows = rows.view();
   args.groups = groups.view();
-  moekit_status_t status =
-      moekit_group_select(plan, &args, workspace.empty() ? nullptr : workspace.data(), workspace.size(), nullptr);
-  moekit_plan_destroy(plan);
+  moekit_status_t status = moekit_group_select(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr);
   REQUIRE(status == MOEKIT_STATUS_INVALID_VALUE);
   REQUIRE(moekit_test::last_error().find("subsample_rows") != std::string::npos);
   REQUIRE(groups.bytes_equal(untouched));

@@ -18,6 +18,8 @@
 #include "reference/matmul.h"
 
 using moekit_test::HostTensor;
+using moekit_test::PlanOwner;
+using moekit_test::ReferenceHandle;
 
 namespace {
 
@@ -109,21 +111,6 @@ struct ActRef {
 
 // ---- fixtures ----------------------------------------------------------------------------------------------
 
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
-
-struct PlanGuard {
-  moekit_plan_t plan = nullptr;
-  ~PlanGuard() { moekit_plan_destroy(plan); }
-};
-
 void fill_eighths(HostTensor& t, std::mt19937_64& rng) {
   std::uniform_int_distribution<int> q(-8, 8);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, q(rng) / 8.0);
@@ -193,7 +180,7 @@ struct VarlenMCase {
   }
 };
 
-void run_varlen_m(const Handle& handle, const VarlenMCase& c, std::mt19937_64& rng) {
+void run_varlen_m(const ReferenceHandle& handle, const VarlenMCase& c, std::mt19937_64& rng) {
   INFO(c.describe());
   const int64_t E = static_cast<int64_t>(c.counts.size());
   const std::vector<int64_t> offsets = offsets_of(c.counts);
@@ -221,7 +208,7 @@ void run_varlen_m(const Handle& handle, const VarlenMCase& c, std::mt19937_64& r
   desc.n = c.n;
   desc.k = c.k;
   desc.dtype = c.dtype;
-  PlanGuard plan;
+  PlanOwner plan;
   MOEKIT_REQUIRE_OK(moekit_gemm_plan_create(handle.handle, &desc, &plan.plan));
 
   std::vector<int64_t> gather(static_cast<size_t>(max_rows), 0);
@@ -346,7 +333,7 @@ const moekit_dtype_t kDtypes[] = {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64};
 }  // namespace
 
 TEST_CASE("grouped GEMM varlen M, STORE and BIAS: exact vs loops, both B layouts, gather, alpha/beta", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(101);
   for (moekit_dtype_t dtype : kDtypes)
     for (int32_t epilogue : {MOEKIT_EPILOGUE_STORE, MOEKIT_EPILOGUE_BIAS})
@@ -360,7 +347,7 @@ TEST_CASE("grouped GEMM varlen M, STORE and BIAS: exact vs loops, both B layouts
 }
 
 TEST_CASE("grouped GEMM varlen M: shapes past every cache block (rows > 96, k > 256, n > 512)", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(102);
   for (moekit_dtype_t dtype : kDtypes) {
     VarlenMCase c{MOEKIT_EPILOGUE_STORE, MOEKIT_ACT_SWIGLU, MOEKIT_GLU_CONCAT, MOEKIT_GEMM_B_NK, true, dtype,
@@ -370,7 +357,7 @@ TEST_CASE("grouped GEMM varlen M: shapes past every cache block (rows > 96, k > 
 }
 
 TEST_CASE("grouped GEMM varlen M, GATED: every activation and GLU layout, bias on/off", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(103);
   for (moekit_dtype_t dtype : kDtypes)
     for (int32_t activation : kAllActivations)
@@ -385,7 +372,7 @@ TEST_CASE("grouped GEMM varlen M, GATED: every activation and GLU layout, bias o
 }
 
 TEST_CASE("grouped GEMM varlen M, DGATED: every activation and GLU layout, dh, a' and ds in pair order", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(104);
   for (moekit_dtype_t dtype : kDtypes)
     for (int32_t activation : kAllActivations)
@@ -411,7 +398,7 @@ struct VarlenKCase {
   double alpha, beta;
 };
 
-void run_varlen_k(const Handle& handle, const VarlenKCase& c, std::mt19937_64& rng) {
+void run_varlen_k(const ReferenceHandle& handle, const VarlenKCase& c, std::mt19937_64& rng) {
   INFO("gather " << c.gather << " dtype " << c.dtype << " out " << c.out_dtype << " m " << c.m << " n " << c.n
                  << " alpha " << c.alpha << " beta " << c.beta);
   const int64_t E = static_cast<int64_t>(c.counts.size());
@@ -431,7 +418,7 @@ void run_varlen_k(const Handle& handle, const VarlenKCase& c, std::mt19937_64& r
   desc.k = c.m;
   desc.dtype = c.dtype;
   desc.out_dtype = c.out_dtype;
-  PlanGuard plan;
+  PlanOwner plan;
   MOEKIT_REQUIRE_OK(moekit_gemm_plan_create(handle.handle, &desc, &plan.plan));
 
   std::vector<int64_t> gather(static_cast<size_t>(max_rows), 0);
@@ -487,7 +474,7 @@ void run_varlen_k(const Handle& handle, const VarlenKCase& c, std::mt19937_64& r
 }  // namespace
 
 TEST_CASE("grouped GEMM varlen K: exact vs loops, gather A / B / none, empty groups, alpha/beta, fp32 out", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(105);
   for (moekit_dtype_t dtype : kDtypes)
     for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B})
@@ -503,7 +490,7 @@ TEST_CASE("grouped GEMM varlen K: exact vs loops, gather A / B / none, empty gro
 }
 
 TEST_CASE("grouped GEMM: bad offsets and gather indices are INVALID_VALUE, nothing written", "[gemm]") {
-  Handle handle;
+  ReferenceHandle handle;
   moekit_gemm_desc_t desc;
   moekit_gemm_desc_init(&desc);
   desc.mode = MOEKIT_GEMM_VARLEN_M;
@@ -514,7 +501,7 @@ TEST_CASE("grouped GEMM: bad offsets and gather indices are INVALID_VALUE, nothi
   desc.n = 3;
   desc.k = 5;
   desc.dtype = MOEKIT_DTYPE_FP64;
-  PlanGuard plan;
+  PlanOwner plan;
   MOEKIT_REQUIRE_OK(moekit_gemm_plan_create(handle.handle, &desc, &plan.plan));
   std::mt19937_64 rng(106);
   HostTensor a(MOEKIT_DTYPE_FP64, {4, 5}), b(MOEKIT_DTYPE_FP64, {2, 3, 5}), out(MOEKIT_DTYPE_FP64, {6, 3});

@@ -9,18 +9,9 @@
 #include "common/test_util.h"
 
 using moekit_test::HostTensor;
+using moekit_test::ReferenceHandle;
 
 namespace {
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
 
 struct Update {
   double tokens, momentum, gamma, bias_max;
@@ -44,7 +35,7 @@ void run_update(moekit_handle_t handle, const Update& u, HostTensor& counts, Hos
 }  // namespace
 
 TEST_CASE("load-balance update follows the scalar formula for every counts dtype", "[load_balance]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(1618);
   const int64_t NG = 16;
   const Update u{256.0, 0.9, 0.01, 0.05, 4};  // target = 4/16 = 0.25
@@ -80,7 +71,7 @@ TEST_CASE("load-balance update follows the scalar formula for every counts dtype
 }
 
 TEST_CASE("load-balance thresholds are strict and the bias is clamped", "[load_balance]") {
-  Handle h;
+  ReferenceHandle h;
   const int64_t NG = 8;
   // momentum 0 makes ema = freq exactly; target = 2/8 = 0.25, half = 0.125 (16 of 128 tokens), twice = 0.5 (64).
   const Update u{128.0, 0.0, 0.125, 0.5, 2};

@@ -16,6 +16,8 @@
 using layer_test::ExpertRef;
 using layer_test::require_matches;
 using moekit_test::HostTensor;
+using moekit_test::AlignedBuffer;
+using moekit_test::ReferenceHandle;
 
 namespace {
 
@@ -39,30 +41,6 @@ struct Config {
       << expert_begin << " K " << top_k << " dtype " << dtype << " beta_out " << beta_out;
     return s.str();
   }
-};
-
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
-  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
-  size_t size() const { return bytes_; }
-
- private:
-  struct alignas(256) Chunk {
-    unsigned char bytes[256];
-  };
-  std::vector<Chunk> chunks_;
-  size_t bytes_;
-};
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
 };
 
 // One layer: plan, random parameters scaled so every output is O(1), and the C ABI calls.
@@ -343,7 +321,7 @@ const int32_t kActivations[] = {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_GEGLU, MOEKIT_ACT_
 }  // namespace
 
 TEST_CASE("moe forward matches a per-token loop for every activation and GLU layout, bf16 and fp64", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(201);
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64})
     for (int32_t activation : kActivations)
@@ -358,7 +336,7 @@ TEST_CASE("moe forward matches a per-token loop for every activation and GLU lay
 }
 
 TEST_CASE("moe forward: no biases, dropped pairs off this rank, beta_out, every router kind, fp16", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(202);
   Config c;
   c.biases = false;
@@ -386,7 +364,7 @@ TEST_CASE("moe forward: no biases, dropped pairs off this rank, beta_out, every 
 }
 
 TEST_CASE("moe inference forward writes the same out, scores, indices and counts as the training forward", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64}) {
     Config c;
     c.dtype = dtype;
@@ -405,7 +383,7 @@ TEST_CASE("moe inference forward writes the same out, scores, indices and counts
 }
 
 TEST_CASE("moe backward matches a per-token loop (bf16 and fp64, biases, dropped pairs)", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(204);
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64})
     for (int32_t activation : {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_SWIGLU_OAI, MOEKIT_ACT_RELU2})
@@ -436,7 +414,7 @@ TEST_CASE("moe backward matches a per-token loop (bf16 and fp64, biases, dropped
 }
 
 TEST_CASE("moe backward rejects a saved buffer from another plan or another token count", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(205);
   Config c;
   Layer first(handle.handle, c, rng);
@@ -495,11 +473,11 @@ TEST_CASE("moe forward and backward are bitwise identical with 1, 2 and 3 refere
     }
     moekit_handle_destroy(handle);
   }
-  Handle restore_default_threads;  // NOTE: the reference thread count is process-wide; leave the default behind
+  ReferenceHandle restore_default_threads;  // NOTE: the reference thread count is process-wide; leave the default behind
 }
 
 TEST_CASE("moe layer with T = 0 tokens: forward runs, weight gradients are exactly 0", "[moe]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(207);
   Config c;
   c.tokens = 0;

@@ -10,30 +10,10 @@
 #include "common/test_util.h"
 
 using moekit_test::HostTensor;
+using moekit_test::PlanOwner;
+using moekit_test::ReferenceHandle;
 
 namespace {
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
-
-struct Plan {
-  moekit_plan_t plan = nullptr;
-  std::vector<uint8_t> workspace;
-  ~Plan() { moekit_plan_destroy(plan); }
-  void size_workspace() {
-    size_t bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
-    workspace.resize(bytes);
-  }
-  void* ws() { return workspace.empty() ? nullptr : workspace.data(); }
-};
 
 // A routing of `pairs` pairs onto `experts` local experts: a random stable grouping with about a fifth of the
 // pairs dropped, as dispatch would lay it out.
@@ -112,7 +92,7 @@ void check_values(const std::vector<double>& got, const std::vector<double>& wan
 }  // namespace
 
 TEST_CASE("combine and broadcast backward match a plain loop", "[reduce]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(555);
   const int64_t T = 29, H = 48, E = 5;
   for (bool variable : {false, true})
@@ -131,7 +111,7 @@ TEST_CASE("combine and broadcast backward match a plain loop", "[reduce]") {
           Routing routing = random_routing(rng, pairs, E);
           int64_t valid = routing.expert_offsets.back();
 
-          Plan plan;
+          PlanOwner plan;
           moekit_combine_desc_t desc;
           moekit_combine_desc_init(&desc);
           desc.max_tokens = T;
@@ -185,7 +165,7 @@ TEST_CASE("combine and broadcast backward match a plain loop", "[reduce]") {
 }
 
 TEST_CASE("db1 sums each expert's grouped rows", "[reduce]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(6502);
   const int64_t P = 70, W = 40, E = 7;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64})
@@ -197,7 +177,7 @@ TEST_CASE("db1 sums each expert's grouped rows", "[reduce]") {
         int64_t valid = routing.expert_offsets.back();
         REQUIRE(valid < P);
 
-        Plan plan;
+        PlanOwner plan;
         moekit_bias_grad_desc_t desc;
         moekit_bias_grad_desc_init(&desc);
         desc.experts = E;
@@ -241,7 +221,7 @@ TEST_CASE("db1 sums each expert's grouped rows", "[reduce]") {
 }
 
 TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(1234);
   const int64_t T = 31, K = 2, H = 36, E = 6, P = T * K;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64})
@@ -254,7 +234,7 @@ TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
           std::vector<int64_t> gather(routing.pair_idx.size());
           for (size_t i = 0; i < gather.size(); ++i) gather[i] = routing.pair_idx[i] / K;
 
-          Plan plan;
+          PlanOwner plan;
           moekit_bias_grad_desc_t desc;
           moekit_bias_grad_desc_init(&desc);
           desc.experts = E;
@@ -336,10 +316,10 @@ TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
 }
 
 TEST_CASE("combine rejects a grouped position past the grouped rows and writes nothing", "[reduce]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(404);
   const int64_t T = 4, K = 2, H = 8;
-  Plan plan;
+  PlanOwner plan;
   moekit_combine_desc_t desc;
   moekit_combine_desc_init(&desc);
   desc.max_tokens = T;

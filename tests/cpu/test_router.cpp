@@ -11,30 +11,15 @@
 #include "common/test_util.h"
 
 using moekit_test::HostTensor;
+using moekit_test::ReferenceHandle;
 
 namespace {
 
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
-
-struct RouterPlan {
-  moekit_plan_t plan = nullptr;
-  std::vector<uint8_t> workspace;
+struct RouterPlan : moekit_test::PlanOwner {
   RouterPlan(moekit_handle_t handle, const moekit_router_desc_t& desc) {
     MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
-    size_t bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
-    workspace.resize(bytes);
+    size_workspace();
   }
-  ~RouterPlan() { moekit_plan_destroy(plan); }
-  void* ws() { return workspace.empty() ? nullptr : workspace.data(); }
 };
 
 moekit_router_desc_t router_desc(int64_t tokens, int64_t experts, int64_t top_k, int32_t kind, bool renormalize,
@@ -158,7 +143,7 @@ const int32_t kAllKinds[] = {MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_ROUTER_TOPK_SOFT
 }  // namespace
 
 TEST_CASE("router forward matches a plain sort for every kind, renorm and logits dtype", "[router]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(20261);
   const int64_t T = 37, E = 13, K = 4;
   for (int32_t kind : kAllKinds)
@@ -190,7 +175,7 @@ TEST_CASE("router forward matches a plain sort for every kind, renorm and logits
 }
 
 TEST_CASE("router forward breaks exact ties toward the lower expert", "[router]") {
-  Handle h;
+  ReferenceHandle h;
   const int64_t E = 6, K = 3;
   // Row 0: three-way tie at the top; row 1: tie for the last slot; row 2: all equal.
   std::vector<double> rows = {0.5, 0.9, 0.1, 0.9, 0.2, 0.9,  //
@@ -211,7 +196,7 @@ TEST_CASE("router forward breaks exact ties toward the lower expert", "[router]"
 }
 
 TEST_CASE("router forward never selects a -inf logit, whatever the sigmoid bias", "[router]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(77);
   const int64_t T = 9, E = 8, K = 3;
   for (int32_t kind : kAllKinds) {
@@ -255,7 +240,7 @@ TEST_CASE("router forward never selects a -inf logit, whatever the sigmoid bias"
 }
 
 TEST_CASE("router backward matches central finite differences in fp64", "[router]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(4242);
   const int64_t T = 5, E = 9, K = 3;
   const double step = 1e-6;
@@ -329,7 +314,7 @@ TEST_CASE("router backward matches central finite differences in fp64", "[router
 }
 
 TEST_CASE("router backward accumulates into dlogits when asked", "[router]") {
-  Handle h;
+  ReferenceHandle h;
   std::mt19937_64 rng(99);
   const int64_t T = 11, E = 7, K = 2;
   for (int32_t kind : kAllKinds) {

@@ -15,37 +15,11 @@
 
 using layer_test::require_matches;
 using moekit_test::HostTensor;
+using moekit_test::AlignedBuffer;
+using moekit_test::PlanOwner;
+using moekit_test::ReferenceHandle;
 
 namespace {
-
-class AlignedBuffer {
- public:
-  explicit AlignedBuffer(size_t bytes) : chunks_((bytes + sizeof(Chunk) - 1) / sizeof(Chunk)), bytes_(bytes) {}
-  void* data() { return chunks_.empty() ? nullptr : chunks_.data(); }
-  size_t size() const { return bytes_; }
-
- private:
-  struct alignas(256) Chunk {
-    unsigned char bytes[256];
-  };
-  std::vector<Chunk> chunks_;
-  size_t bytes_;
-};
-
-struct Handle {
-  moekit_handle_t handle = nullptr;
-  Handle() {
-    moekit_handle_desc_t desc;
-    moekit_handle_desc_init(&desc);
-    MOEKIT_REQUIRE_OK(moekit_handle_create(&desc, &handle));
-  }
-  ~Handle() { moekit_handle_destroy(handle); }
-};
-
-struct PlanGuard {
-  moekit_plan_t plan = nullptr;
-  ~PlanGuard() { moekit_plan_destroy(plan); }
-};
 
 double sig(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
@@ -66,7 +40,7 @@ struct Config {
 
 struct SparseFfn {
   Config c;
-  PlanGuard plan;
+  PlanOwner plan;
   AlignedBuffer saved{0};
   HostTensor x, wg, wu, wd, subsample_rows, lb_bias, out, groups, counts, dout, dx, dwg, dwu, dwd;
 
@@ -160,7 +134,7 @@ struct SparseFfn {
     d.top_groups = c.top_groups;
     d.subsample = c.subsample;
     d.dtype = c.dtype;
-    PlanGuard select;
+    PlanOwner select;
     MOEKIT_REQUIRE_OK(moekit_group_select_plan_create(handle, &d, &select.plan));
     HostTensor selected(MOEKIT_DTYPE_INT32, {c.tokens, c.top_groups});
     moekit_group_select_args_t a;
@@ -303,7 +277,7 @@ void check_layer(moekit_handle_t handle, const Config& c, std::mt19937_64& rng) 
 }  // namespace
 
 TEST_CASE("sparse ffn forward and backward equal the dense masked SwiGLU (bf16 and fp64)", "[sparse_ffn]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(401);
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP64}) {
     Config c;
@@ -317,7 +291,7 @@ TEST_CASE("sparse ffn forward and backward equal the dense masked SwiGLU (bf16 a
 
 TEST_CASE("sparse ffn: subsampled energies, one group per token, many groups (some never selected), fp16",
           "[sparse_ffn]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(402);
   Config c;
   c.subsample = 4;
@@ -336,7 +310,7 @@ TEST_CASE("sparse ffn: subsampled energies, one group per token, many groups (so
 }
 
 TEST_CASE("sparse ffn backward rejects a saved buffer from another plan", "[sparse_ffn]") {
-  Handle handle;
+  ReferenceHandle handle;
   std::mt19937_64 rng(403);
   Config c;
   SparseFfn first(handle.handle, c, rng), second(handle.handle, c, rng);
