@@ -6,6 +6,7 @@
 
 #include "cuda/dispatch/dispatch_layout.h"
 #include "cuda/reduce/bias_sums.h"
+#include "cuda/sparse_ffn/group_select_workspace.h"
 #include "error.h"
 
 namespace moekit {
@@ -50,6 +51,8 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
   plan.saved_bytes = 0;
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
+  if (plan.kind == OpKind::group_select)
+    plan.workspace_bytes = sparse_ffn::group_select_layout(plan.sparse_ffn).total_bytes;
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
@@ -63,12 +66,6 @@ void CudaBackend::router_backward(const moekit_plan&, const moekit_router_bwd_ar
 }
 void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
   not_implemented("grouped GEMM");
-}
-void CudaBackend::group_select(const moekit_plan&, const moekit_group_select_args_t&, Workspace, void*) {
-  not_implemented("group select");
-}
-void CudaBackend::load_balance_update(const moekit_load_balance_args_t&, void*) {
-  not_implemented("load balance update");
 }
 void CudaBackend::moe_forward(const moekit_plan&, const moekit_moe_fwd_args_t&, void*, Workspace, void*) {
   not_implemented("MoE layer forward");
