@@ -7,6 +7,7 @@
 #include "cuda/dispatch/dispatch_layout.h"
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
+#include "cuda/routing/router.h"
 #include "error.h"
 
 namespace moekit {
@@ -49,6 +50,9 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 void CudaBackend::plan_sizes(moekit_plan& plan) const {
   plan.workspace_bytes = 0;
   plan.saved_bytes = 0;
+  if (plan.kind == OpKind::router && plan.router.experts > routing::max_router_experts)
+    throw_not_supported("experts: the CUDA router holds at most " + std::to_string(routing::max_router_experts) +
+                        " experts per row, got " + std::to_string(plan.router.experts));
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
   if (plan.kind == OpKind::group_select)
@@ -58,12 +62,6 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
 }
 
-void CudaBackend::router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) {
-  not_implemented("router forward");
-}
-void CudaBackend::router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) {
-  not_implemented("router backward");
-}
 void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
   not_implemented("grouped GEMM");
 }

@@ -1,0 +1,84 @@
+// Host-callable launchers of the router kernels (SPEC section 1) and the pure function that picks their shape.
+// Plain C++ (no CUDA language features): src/cuda/routing_ops.cpp includes it from g++.
+//
+// Both kernels give each token row to a "row group" of threads: one warp for E <= 1024 (four rows per block of
+// 128 threads), a whole block of 256 or 512 threads for larger E. Every thread of the group holds `items` logits of the
+// row in registers, so a row is read from global memory once.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace routing {
+
+// The largest E the kernels hold in registers (512 threads x 16 items); plan creation rejects more.
+constexpr int64_t max_router_experts = 8192;
+
+struct RowGroupShape {
+  int threads;  // threads per token row: 32 (a warp), 256 or 512 (a block)
+  int items;    // logits per thread: a power of two, threads * items >= E
+};
+
+// The smallest shape that holds E logits (1 <= E <= max_router_experts). A pure function, so the launchers and a
+// test on the CPU agree on it.
+inline RowGroupShape row_group_shape(int64_t experts) {
+  // NOTE: 512 threads past 4096 experts keep the kernels at 16 logits per thread (32 spilled registers).
+  const int threads = experts <= 1024 ? 32 : experts <= 4096 ? 256 : 512;
+  int items = 1;
+  while (static_cast<int64_t>(threads) * items < experts) items *= 2;
+  return RowGroupShape{threads, items};
+}
+
+struct RouterProblem {
+  int64_t tokens;   // T >= 0
+  int64_t experts;  // E
+  int64_t top_k;    // 1 <= K <= min(E, 32)
+  moekit_router_kind_t kind;
+  bool renormalize;
+  float scale;  // SIGMOID kind
+};
+
+struct RouterForwardArgs {
+  const void* logits;     // [T, E] bf16, fp16 or fp32 (the launcher's dtype), row stride logits_stride
+  int64_t logits_stride;  // elements
+  const float* bias;      // [E] or nullptr (SIGMOID kind)
+  float* scores;          // [T, K], row stride scores_stride
+  int64_t scores_stride;
+  void* indices;          // [T, K] int32 or int64, row stride indices_stride
+  int64_t indices_stride;
+  bool indices_int64;
+  int32_t* counts;  // [E] or nullptr; overwritten (zeroed on the stream first)
+};
+
+struct RouterBackwardArgs {
+  const void* logits;  // [T, E] the launcher's dtype
+  int64_t logits_stride;
+  const void* indices;  // [T, K] int32 or int64
+  int64_t indices_stride;
+  bool indices_int64;
+  const float* dscores;  // [T, K]
+  int64_t dscores_stride;
+  void* dlogits;  // [T, E] fp32 or the logits dtype
+  int64_t dlogits_stride;
+  bool dlogits_fp32;
+  bool accumulate;  // dlogits += gradient (else the old values are never read)
+};
+
+// One launcher per logits dtype; each enqueues its work on `stream` and returns without synchronising.
+void router_forward_bf16(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream);
+void router_forward_fp16(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream);
+void router_forward_fp32(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream);
+void router_backward_bf16(const RouterProblem& problem, const RouterBackwardArgs& args, cudaStream_t stream);
+void router_backward_fp16(const RouterProblem& problem, const RouterBackwardArgs& args, cudaStream_t stream);
+void router_backward_fp32(const RouterProblem& problem, const RouterBackwardArgs& args, cudaStream_t stream);
+
+}  // namespace routing
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

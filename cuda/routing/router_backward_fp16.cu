@@ -1,0 +1,16 @@
+// The router backward for fp16 logits: this dtype's instantiations of router_backward.cuh, one per row-group shape (DESIGN.md "Build budget": one dtype per translation unit).
+#include "cuda/routing/router_backward.cuh"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace routing {
+
+void router_backward_fp16(const RouterProblem& problem, const RouterBackwardArgs& args, cudaStream_t stream) {
+  launch_router_backward<__half>(problem, args, stream);
+}
+
+}  // namespace routing
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

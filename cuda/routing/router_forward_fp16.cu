@@ -1,0 +1,16 @@
+// The router forward for fp16 logits: this dtype's instantiations of router_forward.cuh, one per row-group shape (DESIGN.md "Build budget": one dtype per translation unit).
+#include "cuda/routing/router_forward.cuh"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace routing {
+
+void router_forward_fp16(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream) {
+  launch_router_forward<__half>(problem, args, stream);
+}
+
+}  // namespace routing
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
