@@ -1,11 +1,15 @@
-// Times moekit_dispatch on the CUDA backend (the whole C ABI call: argument checks and the three kernels) for the
-// issue's shapes: T = 32768 with uniform random routing over E = 128 (K = 8), E = 256 (K = 16), E = 4096 (K = 8),
-// int64 ids, general routing; plus the floor of three dependent tiny operations on the stream. Inputs and
-// outputs are rotated past the L2 size. Bytes counted: ids read once, gather_idx / pair_idx / grouped_pos written.
+// Times moekit_dispatch on the CUDA backend for the shapes: T = 32768 with uniform random routing over
+// E = 128 (K = 8), E = 256 (K = 16), E = 4096 (K = 8), int64 ids, general routing; plus the floor of three
+// dependent tiny operations on the stream. Per case: the whole C ABI call between two events ("call": argument
+// checks and three launches, so host cost shows when it exceeds the GPU's), the same call captured in a CUDA
+// graph ("graph": the GPU's time alone), and the host time to enqueue one call. Inputs and outputs are rotated
+// past the L2 size. Bytes counted: ids read once, gather_idx / pair_idx / grouped_pos written.
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -49,7 +53,32 @@ moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int6
                             moekit_device_t{MOEKIT_DEVICE_CUDA, 0});
 }
 
-std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream, double copy_tbps) {
+// The calls captured once per rotation set and replayed as graphs; empty timing (runs = 0) when capture fails.
+moekit_bench::Timing time_graphs(const std::function<void(int)>& run, int sets, cudaStream_t stream) {
+  std::vector<cudaGraphExec_t> graphs;
+  for (int set = 0; set < sets; ++set) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    if (cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) break;
+    run(set);
+    bool ok = cudaStreamEndCapture(stream, &graph) == cudaSuccess &&
+              cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph) cudaGraphDestroy(graph);
+    if (!ok) break;
+    graphs.push_back(exec);
+  }
+  moekit_bench::Timing t{0, 0, 0, 0};
+  if (static_cast<int>(graphs.size()) == sets)
+    t = moekit_bench::time_calls(
+        [&](int set) { check_cuda(cudaGraphLaunch(graphs[static_cast<size_t>(set)], stream), "cudaGraphLaunch"); },
+        sets, stream, 20, 200);
+  else
+    std::fprintf(stderr, "graph capture failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+  for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+  return t;
+}
+
+std::vector<std::string> run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream, double copy_tbps) {
   std::mt19937_64 rng(42);
   std::uniform_int_distribution<int64_t> expert(0, c.experts - 1);
   std::vector<int32_t> offsets{0};
@@ -115,6 +144,13 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   };
   moekit_bench::Timing t = moekit_bench::time_calls(run, sets, stream, 20, 200);
   check_cuda(cudaStreamSynchronize(stream), "dispatch runs");
+  moekit_bench::Timing graph = time_graphs(run, sets, stream);
+  constexpr int kHostCalls = 200;
+  auto host_start = std::chrono::steady_clock::now();
+  for (int i = 0; i < kHostCalls; ++i) run(i % sets);
+  double host_us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start).count() / kHostCalls;
+  check_cuda(cudaStreamSynchronize(stream), "dispatch runs");
 
   // The result of the last set must be a permutation of the pairs (a cheap sanity check of the timed calls).
   std::vector<int32_t> out(3 * static_cast<size_t>(pairs) + static_cast<size_t>(c.experts) + 1);
@@ -134,11 +170,19 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   moekit_plan_destroy(plan);
 
   double bytes = static_cast<double>(id_bytes) + 3.0 * static_cast<double>(pairs) * 4;
-  double tbps = bytes / (t.median_us * 1e-6) / 1e12;
-  char rate[160];
-  std::snprintf(rate, sizeof rate, "%8.1f GB/s  %5.1f%% of copy  P=%lld  %s", tbps * 1e3, 100 * tbps / copy_tbps,
-                static_cast<long long>(pairs), ok ? "verified" : "WRONG");
-  return moekit_bench::format_row(c.name, t, rate);
+  auto rate = [&](const moekit_bench::Timing& timing, const std::string& extra) {
+    double tbps = bytes / (timing.median_us * 1e-6) / 1e12;
+    char text[200];
+    std::snprintf(text, sizeof text, "%8.1f GB/s  %5.1f%% of copy  %s", tbps * 1e3, 100 * tbps / copy_tbps,
+                  extra.c_str());
+    return std::string(text);
+  };
+  char extra[160];
+  std::snprintf(extra, sizeof extra, "P=%lld  host enqueue %.1f us  %s", static_cast<long long>(pairs), host_us,
+                ok ? "verified" : "WRONG");
+  std::vector<std::string> rows{moekit_bench::format_row(c.name + "  call", t, rate(t, extra))};
+  if (graph.runs > 0) rows.push_back(moekit_bench::format_row(c.name + "  graph", graph, rate(graph, "")));
+  return rows;
 }
 
 }  // namespace
@@ -164,7 +208,8 @@ int main() {
       {"general T=32768 0..16 pairs E=128", 32768, 8, 128, false, true},
   };
   std::vector<std::string> rows;
-  for (const Case& c : cases) rows.push_back(run_case(handle, c, stream, copy_tbps));
+  for (const Case& c : cases)
+    for (const std::string& row : run_case(handle, c, stream, copy_tbps)) rows.push_back(row);
 
   // The floor: three dependent 4-byte memsets, the launch cost of a three-kernel chain on this stream.
   void* tiny = nullptr;

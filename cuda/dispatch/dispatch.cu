@@ -11,6 +11,8 @@
 // A pair's position thus counts exactly the valid pairs before it (same expert, smaller p) plus the pairs of
 // smaller experts: the reference's stable sort. Everything is integer arithmetic in a fixed order, so the result
 // is the same on every run; the only atomics (shared-memory counts in kernel 1) add integers.
+// Kernels 2 and 3 are launched as programmatic dependents (cuda/common/grid_dependency.cuh): they start while
+// their predecessor runs, and kernel 3 ranks its pairs (which needs only the ids) before it waits.
 //
 // Preconditions: P = pair_slots < 2^31 (outputs are int32); E fits dispatch_layout's shared-memory budget; the
 // workspace holds dispatch_layout(E, P bound).workspace_bytes. Rows >= Pv of gather_idx and pair_idx are never
@@ -18,6 +20,7 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/dispatch/dispatch.h"
 #include "cuda/dispatch/pairs.cuh"
 
@@ -51,6 +54,7 @@ __device__ __forceinline__ int64_t warp_first_pair(int64_t chunk_pairs) {
 __global__ void count_chunk_pairs(DispatchProblem pr, int64_t chunk_pairs,
                                   int32_t* counts /* [chunks, E] */) {
   extern __shared__ int32_t histogram[];
+  allow_next_grid();
   const int experts = static_cast<int>(pr.experts);
   for (int e = threadIdx.x; e < experts; e += blockDim.x) histogram[e] = 0;
   __syncthreads();
@@ -81,6 +85,8 @@ __global__ void __launch_bounds__(kPrefixWarps * kLanes)
     prefix_over_chunks(int32_t* counts /* [chunks, E] in: counts, out: exclusive prefix over chunks */,
                        int32_t* totals /* [E] */, int chunks, int experts) {
   __shared__ int32_t slice_sums[kPrefixWarps][kLanes];
+  allow_next_grid();
+  wait_for_previous_grid();  // counts come from count_chunk_pairs
   const int lane = lane_id();
   const int warp = warp_id();
   const int e = static_cast<int>(blockIdx.x) * kLanes + lane;
@@ -165,17 +171,8 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
   const int lane = lane_id();
   const int warp = warp_id();
 
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) expert_base[e] = totals[e];
   for (int i = threadIdx.x; i < warps * experts; i += blockDim.x) warp_counts[i] = 0;
   __syncthreads();
-  const int32_t valid = block_exclusive_scan(expert_base, experts, warp_sums);
-  const int32_t* prefix_row = chunk_prefix + static_cast<int64_t>(blockIdx.x) * experts;
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    int32_t start = expert_base[e];
-    if (blockIdx.x == 0) pr.expert_offsets[e] = start;
-    expert_base[e] = start + prefix_row[e];
-  }
-  if (blockIdx.x == 0 && threadIdx.x == 0) pr.expert_offsets[experts] = valid;
 
   // Rank inside the warp: the warp's earlier pairs of the same expert (its counter) plus the lower lanes among
   // the 32 pairs read now with the same expert (__match_any_sync groups them; the lowest lane updates the counter).
@@ -202,9 +199,17 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
     // NOTE: the next leader of the same expert may be another lane; it must see this counter update.
     __syncwarp();
   }
-  __syncthreads();
 
+  // Everything below reads what prefix_over_chunks wrote; outputs are written only after the wait too.
+  wait_for_previous_grid();
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) expert_base[e] = totals[e];
+  __syncthreads();  // also orders every warp's counter updates before the prefix over warps below
+  const int32_t valid = block_exclusive_scan(expert_base, experts, warp_sums);
+  const int32_t* prefix_row = chunk_prefix + static_cast<int64_t>(blockIdx.x) * experts;
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    int32_t start = expert_base[e];
+    if (blockIdx.x == 0) pr.expert_offsets[e] = start;
+    expert_base[e] = start + prefix_row[e];
     int32_t run = 0;
     for (int w = 0; w < warps; ++w) {
       int32_t count = warp_counts[w * experts + e];
@@ -212,6 +217,7 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
       run += count;
     }
   }
+  if (blockIdx.x == 0 && threadIdx.x == 0) pr.expert_offsets[experts] = valid;
   __syncthreads();
 
 #pragma unroll
@@ -228,6 +234,24 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
     pr.pair_idx[position] = static_cast<int32_t>(p);
     pr.grouped_pos[p] = position;
   }
+}
+
+// Launches `kernel` as a programmatic dependent of the previous kernel on `stream` (it calls
+// wait_for_previous_grid() before reading that kernel's results).
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), unsigned blocks, int threads, size_t shared_bytes,
+                      cudaStream_t stream, const char* name, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), name);
 }
 
 void allow_shared_bytes(const void* kernel, size_t bytes) {
@@ -255,14 +279,13 @@ void launch_dispatch(const DispatchProblem& problem, const DispatchLayout& layou
   check_launch("dispatch: count_chunk_pairs");
 
   const unsigned prefix_blocks = static_cast<unsigned>((experts + kLanes - 1) / kLanes);
-  prefix_over_chunks<<<prefix_blocks, kPrefixWarps * kLanes, 0, stream>>>(counts, totals, static_cast<int>(chunks),
-                                                                           experts);
-  check_launch("dispatch: prefix_over_chunks");
+  launch_dependent(prefix_over_chunks, prefix_blocks, kPrefixWarps * kLanes, 0, stream,
+                   "dispatch: prefix_over_chunks", counts, totals, static_cast<int>(chunks), experts);
 
   allow_shared_bytes(reinterpret_cast<const void*>(&scatter_ranked_pairs), layout.scatter_shared_bytes);
-  scatter_ranked_pairs<<<static_cast<unsigned>(chunks), threads, layout.scatter_shared_bytes, stream>>>(
-      problem, layout.chunk_pairs, counts, totals);
-  check_launch("dispatch: scatter_ranked_pairs");
+  launch_dependent(scatter_ranked_pairs, static_cast<unsigned>(chunks), threads, layout.scatter_shared_bytes, stream,
+                   "dispatch: scatter_ranked_pairs", problem, layout.chunk_pairs,
+                   static_cast<const int32_t*>(counts), static_cast<const int32_t*>(totals));
 }
 
 }  // namespace cuda

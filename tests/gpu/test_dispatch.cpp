@@ -255,45 +255,44 @@ TEST_CASE("dispatch: CUDA equals the reference at T = 32768 for every E and K", 
 TEST_CASE("dispatch: edge cases of the routing", "[gpu][dispatch]") {
   Handles handles;
   std::mt19937_64 rng(7003);
-  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64}) {
-    INFO("dtype " << dtype);
-    SECTION("one expert takes every token") {
-      Routing r = fixed_routing(dtype, 4099, 8, 128, 0, [](int64_t, int64_t) { return 77; });
-      REQUIRE(check_against_reference(handles, r) == 4099 * 8);
-    }
-    SECTION("every pair dropped: expert_offsets all 0, nothing written to the grouped rows") {
-      Routing r = fixed_routing(dtype, 333, 4, 16, 16, [&](int64_t t, int64_t) { return t % 2 ? -1 : 32 + t % 7; });
-      REQUIRE(check_against_reference(handles, r) == 0);
-    }
-    SECTION("a local slice of 16 experts out of 64 (e0 = 16): the other ranks' pairs dropped") {
-      std::uniform_int_distribution<int64_t> id(0, 63);
-      Routing r = fixed_routing(dtype, 2500, 6, 16, 16, [&](int64_t, int64_t) { return id(rng); });
-      int64_t valid = check_against_reference(handles, r);
-      REQUIRE(valid > 2500 * 6 / 8);
-      REQUIRE(valid < 2500 * 6 / 2);
-    }
-    SECTION("empty experts: 4096 experts, ids on every 37th") {
-      std::uniform_int_distribution<int64_t> id(0, 110);
-      Routing r = fixed_routing(dtype, 1000, 8, 4096, 0, [&](int64_t, int64_t) { return 37 * id(rng); });
-      check_against_reference(handles, r);
-    }
-    SECTION("skewed load: 90% of the pairs on two experts, spanning many chunks") {
-      std::uniform_int_distribution<int> coin(0, 9);
-      std::uniform_int_distribution<int64_t> id(0, 255);
-      Routing r = fixed_routing(dtype, 9000, 8, 256, 0,
-                                [&](int64_t, int64_t k) { return coin(rng) < 9 ? k % 2 : id(rng); });
-      check_against_reference(handles, r);
-    }
-    SECTION("id rows further apart than K (a strided view of a wider tensor)") {
-      Routing r = fixed_routing(dtype, 777, 6, 40, 8, MixedIds{&rng, 40, 8}, 11);
-      check_against_reference(handles, r);
-    }
-    SECTION("E = 1 and E not a power of two with one id per token") {
-      Routing one = fixed_routing(dtype, 5000, 1, 1, 4, MixedIds{&rng, 1, 4});
-      check_against_reference(handles, one);
-      Routing odd = fixed_routing(dtype, 5000, 1, 1000, 0, MixedIds{&rng, 1000, 0});
-      check_against_reference(handles, odd);
-    }
+  const moekit_dtype_t dtype = GENERATE(MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64);
+  INFO("dtype " << dtype);
+  SECTION("one expert takes every token") {
+    Routing r = fixed_routing(dtype, 4099, 8, 128, 0, [](int64_t, int64_t) { return 77; });
+    REQUIRE(check_against_reference(handles, r) == 4099 * 8);
+  }
+  SECTION("every pair dropped: expert_offsets all 0, nothing written to the grouped rows") {
+    Routing r = fixed_routing(dtype, 333, 4, 16, 16, [&](int64_t t, int64_t) { return t % 2 ? -1 : 32 + t % 7; });
+    REQUIRE(check_against_reference(handles, r) == 0);
+  }
+  SECTION("a local slice of 16 experts out of 64 (e0 = 16): the other ranks' pairs dropped") {
+    std::uniform_int_distribution<int64_t> id(0, 63);
+    Routing r = fixed_routing(dtype, 2500, 6, 16, 16, [&](int64_t, int64_t) { return id(rng); });
+    int64_t valid = check_against_reference(handles, r);
+    REQUIRE(valid > 2500 * 6 / 8);
+    REQUIRE(valid < 2500 * 6 / 2);
+  }
+  SECTION("empty experts: 4096 experts, ids on every 37th") {
+    std::uniform_int_distribution<int64_t> id(0, 110);
+    Routing r = fixed_routing(dtype, 1000, 8, 4096, 0, [&](int64_t, int64_t) { return 37 * id(rng); });
+    check_against_reference(handles, r);
+  }
+  SECTION("skewed load: 90% of the pairs on two experts, spanning many chunks") {
+    std::uniform_int_distribution<int> coin(0, 9);
+    std::uniform_int_distribution<int64_t> id(0, 255);
+    Routing r = fixed_routing(dtype, 9000, 8, 256, 0,
+                              [&](int64_t, int64_t k) { return coin(rng) < 9 ? k % 2 : id(rng); });
+    check_against_reference(handles, r);
+  }
+  SECTION("id rows further apart than K (a strided view of a wider tensor)") {
+    Routing r = fixed_routing(dtype, 777, 6, 40, 8, MixedIds{&rng, 40, 8}, 11);
+    check_against_reference(handles, r);
+  }
+  SECTION("E = 1 and E not a power of two with one id per token") {
+    Routing one = fixed_routing(dtype, 5000, 1, 1, 4, MixedIds{&rng, 1, 4});
+    check_against_reference(handles, one);
+    Routing odd = fixed_routing(dtype, 5000, 1, 1000, 0, MixedIds{&rng, 1000, 0});
+    check_against_reference(handles, odd);
   }
 }
 
