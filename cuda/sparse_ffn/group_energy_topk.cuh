@@ -4,7 +4,6 @@
 //   en[g]  = estimate_scale * sum over the rows_per_group consecutive columns c of group g of |silu(pre[t, c])|
 //   key[g] = fp32(en[g] * exp(lb_bias[g]))      (the bias factor only when lb_bias is given)
 //   groups_out[t, 0..kg) = the kg largest keys, value-descending, ties to the lower group
-//   counts[g] += how many tokens chose g
 // pre is the gate pre-activation already rounded to the storage dtype (the cuBLASLt GEMM's output), so the
 // energy reads the same values as the reference's round_to(x . Wg_n).
 //
@@ -15,8 +14,15 @@
 // row once (16-byte loads when a group's columns are a whole number of 8-wide vectors, one group per lane
 // otherwise), writes the keys to its shared-memory slice, then runs kg rounds of a warp arg-max.
 //
-// Deterministic: every energy is summed in a fixed order (a fixed butterfly across the lanes of a group), the
-// selection is a total order on (key, group), and counts use integer atomics whose sum is order-independent.
+// Deterministic: every energy is summed in a fixed order (a fixed butterfly across the lanes of a group), and
+// the selection is a total order on (key, group). Counts are a separate pass (group_counts.cu), so no global
+// atomics from every token meet on the few cache lines of counts; that pass measured 3-15 us at T = 16384.
+//
+// Measured on an H200 (T = 16384, G = 32, kg = NG/16): this kernel plus the chunking adds ~100 us (spg = 8) to
+// ~450 us (F = 8192, all rows) to the cuBLASLt GEMM's time, independent of D: far above what its bytes and
+// transcendental count predict, so it is latency-bound (one token per warp, kg dependent arg-max rounds).
+// Next step: the energies fused into the GEMM epilogue, or an energy pass over many tokens per warp feeding a
+// separate top-k over [T, NG].
 #pragma once
 
 #include <cuda_runtime.h>
@@ -67,6 +73,7 @@ __device__ __forceinline__ bool ranks_before(float key_a, int group_a, float key
 __device__ __forceinline__ void best_of_lane(const float* keys, int groups, int lane, float& key, int& group) {
   key = -INFINITY;
   group = INT_MAX;
+#pragma unroll 4
   for (int g = lane; g < groups; g += 32) {
     float k = keys[g];
     // Ascending g and a strict comparison keep the lower group on ties.
@@ -122,7 +129,7 @@ __device__ __forceinline__ void energies_per_lane(const T* row, const GroupEnerg
 }
 
 template <class T>
-__global__ void __launch_bounds__(kEnergyWarpsPerBlock * 32, 2) group_energy_topk_kernel(GroupEnergyArgs a) {
+__global__ void __launch_bounds__(kEnergyWarpsPerBlock * 32, 3) group_energy_topk_kernel(GroupEnergyArgs a) {
   extern __shared__ float smem[];
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -165,10 +172,7 @@ __global__ void __launch_bounds__(kEnergyWarpsPerBlock * 32, 2) group_energy_top
     }
     __syncwarp();
     int32_t* out = a.groups_out + t * a.groups_stride;
-    for (int k = lane; k < top_groups; k += 32) {
-      out[k] = picked[k];
-      if (a.counts) atomicAdd(a.counts + picked[k], 1);
-    }
+    for (int k = lane; k < top_groups; k += 32) out[k] = picked[k];
     // The next token's energies overwrite keys that other lanes have just read.
     __syncwarp();
   }

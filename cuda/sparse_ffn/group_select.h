@@ -32,7 +32,7 @@ void launch_gather_subsample_rows(const GatherRowsArgs& args, cudaStream_t strea
 // For each token t of the chunk: en[g] = estimate_scale * sum over the rows_per_group consecutive columns of
 // group g of |silu(pre[t, :])| (fp32), times exp(lb_bias[g]) when given; groups_out[t, :] = top-kg groups by
 // that fp32 key (descending, ties to the lower group; NaN keys rank last, lowest group first, as the reference
-// orders them). counts[g] += selections of g (integer atomics: the sum does not depend on their order).
+// orders them).
 struct GroupEnergyArgs {
   const void* pre;          // [tokens, groups * rows_per_group] storage dtype, contiguous: the gate pre-activation
   int64_t tokens;
@@ -43,9 +43,23 @@ struct GroupEnergyArgs {
   int64_t top_groups;       // kg
   int32_t* groups_out;      // [tokens, kg], rows groups_stride elements apart
   int64_t groups_stride;
-  int32_t* counts;          // [NG] or nullptr: added to
 };
 void launch_group_energy_topk(Storage storage, const GroupEnergyArgs& args, cudaStream_t stream);
+
+// counts[g] = how many entries of groups [tokens, kg] equal g (overwritten), without global atomics: each of
+// kCountSlices blocks histograms a slice of tokens in shared memory into partials[slice, :], then one thread per
+// group sums its column in slice order. Integer sums: the result is exact and order-independent anyway.
+constexpr int64_t kCountSlices = 128;
+struct GroupCountsArgs {
+  const int32_t* groups;  // [tokens, kg], rows groups_stride elements apart; every entry in [0, NG)
+  int64_t groups_stride;
+  int64_t tokens;
+  int64_t top_groups;     // kg
+  int64_t num_groups;     // NG
+  int32_t* partials;      // workspace [kCountSlices, NG]
+  int32_t* counts;        // out [NG]
+};
+void launch_group_counts(const GroupCountsArgs& args, cudaStream_t stream);
 
 // The most groups the energy kernel serves (a plan-time check): one warp's keys and picks fit in shared memory.
 constexpr int64_t kMaxSelectGroups = 16384;

@@ -4,10 +4,11 @@
 // Sections (each 256-byte aligned):
 //   w_sel  [NG * spg, D] storage dtype   the gathered subsample rows of Wg (only when spg > 0)
 //   pre    [chunk, NG * pg] storage dtype the gate pre-activation of one chunk of tokens (pg = spg or G)
-//   gemm   cuBLASLt's workspace
+//   gemm      cuBLASLt's workspace
+//   partials  [kCountSlices, NG] int32: the per-slice histograms of the counts pass
 // Tokens are processed in chunks, so the workspace is bounded whatever T is: a chunk's pre-activation is at most
-// kPreChunkBytes (small enough to stay in the H200's 50 MB L2 between the GEMM that writes it and the energy
-// kernel that reads it) and at most kMaxChunkTokens tokens.
+// kPreChunkBytes and at most kMaxChunkTokens tokens. Chunks are kept large: each chunk's GEMM should fill the
+// GPU for several waves, and each chunk's energy kernel pays one token's latency at its tail.
 #pragma once
 
 #include <algorithm>
@@ -24,7 +25,7 @@ inline namespace v0 {
 namespace cuda {
 namespace sparse_ffn {
 
-constexpr size_t kPreChunkBytes = size_t{16} << 20;
+constexpr size_t kPreChunkBytes = size_t{32} << 20;
 constexpr int64_t kMaxChunkTokens = 4096;
 constexpr int64_t kChunkTokenMultiple = 64;
 constexpr size_t kGemmWorkspaceBytes = size_t{4} << 20;
@@ -38,6 +39,7 @@ struct GroupSelectLayout {
   size_t w_sel_offset, w_sel_bytes;
   size_t pre_offset, pre_bytes;
   size_t gemm_offset, gemm_bytes;
+  size_t partials_offset, partials_bytes;
   size_t total_bytes;
 };
 
@@ -73,6 +75,9 @@ inline GroupSelectLayout group_select_layout(const moekit_sparse_ffn_desc_t& d) 
   l.gemm_offset = offset;
   l.gemm_bytes = kGemmWorkspaceBytes;
   offset += align(l.gemm_bytes);
+  l.partials_offset = offset;
+  l.partials_bytes = static_cast<size_t>(kCountSlices * l.groups) * sizeof(int32_t);
+  offset += align(l.partials_bytes);
   l.total_bytes = offset;
   return l;
 }

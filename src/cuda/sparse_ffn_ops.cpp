@@ -2,7 +2,8 @@
 //
 // Group selection per chunk of tokens: the gate pre-activation pre = x · W_sel^T is one cuBLASLt GEMM (bf16/fp16
 // in, fp32 accumulation, bf16/fp16 out: its output rounding is SPEC's rounding point), W_sel being Wg itself or
-// its subsample rows gathered into the workspace; then the energy + top-kg kernel reads pre. Nothing waits for
+// its subsample rows gathered into the workspace; then the energy + top-kg kernel reads pre. Counts, when asked
+// for, are one histogram pass over the groups at the end (group_counts.cu). Nothing waits for
 // the device, nothing is allocated on the device, and the chosen GEMM algorithm is fixed per problem shape, so
 // a call gives the same bits on every run and stream.
 #include <cublasLt.h>
@@ -142,22 +143,11 @@ void run_gate_gemm(int device, const GateGemm& g, const void* x, const void* w, 
                "group select: gate pre-activation GEMM");
 }
 
-}  // namespace
-
-void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_select_args_t& args, Workspace ws,
-                               void* stream_ptr) {
-  const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
-  const sparse_ffn::GroupSelectLayout layout = sparse_ffn::group_select_layout(d);
-  const cudaStream_t stream = as_stream(stream_ptr);
+// The gather (with a subsample), then per chunk of tokens the gate GEMM into the workspace's pre buffer and the
+// energy + top-kg kernel writing that chunk's groups.
+void select_chunks(int device, const moekit_sparse_ffn_desc_t& d, const sparse_ffn::GroupSelectLayout& layout,
+                   const moekit_group_select_args_t& args, char* workspace, cudaStream_t stream) {
   const int64_t tokens = args.x.shape[0];
-  char* workspace = static_cast<char*>(ws.data);
-
-  int32_t* counts = static_cast<int32_t*>(args.counts.data);
-  if (counts)
-    check_cuda(cudaMemsetAsync(counts, 0, static_cast<size_t>(layout.groups) * sizeof(int32_t), stream),
-               "group select: clearing counts");
-  if (tokens == 0) return;
-
   const void* w_sel = args.w_gate.data;
   int64_t w_stride = args.w_gate.stride[0];
   if (layout.gathers_rows) {
@@ -180,7 +170,7 @@ void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_selec
     // A one-token tensor may carry any row stride; cuBLASLt wants a leading dimension of at least D.
     const GateGemm gemm{type, rows, layout.selected_rows, d.d_model, std::max(args.x.stride[0], d.d_model), w_stride};
     const char* x_chunk = static_cast<const char*>(args.x.data) + first * args.x.stride[0] * element;
-    run_gate_gemm(device_index_, gemm, x_chunk, w_sel, pre, workspace + layout.gemm_offset, stream);
+    run_gate_gemm(device, gemm, x_chunk, w_sel, pre, workspace + layout.gemm_offset, stream);
 
     sparse_ffn::GroupEnergyArgs energy{};
     energy.pre = pre;
@@ -193,8 +183,30 @@ void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_selec
     energy.top_groups = d.top_groups;
     energy.groups_out = static_cast<int32_t*>(args.groups.data) + first * args.groups.stride[0];
     energy.groups_stride = args.groups.stride[0];
-    energy.counts = counts;
     sparse_ffn::launch_group_energy_topk(storage, energy, stream);
+  }
+}
+
+}  // namespace
+
+void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_select_args_t& args, Workspace ws,
+                               void* stream_ptr) {
+  const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
+  const sparse_ffn::GroupSelectLayout layout = sparse_ffn::group_select_layout(d);
+  const cudaStream_t stream = as_stream(stream_ptr);
+  const int64_t tokens = args.x.shape[0];
+  char* workspace = static_cast<char*>(ws.data);
+
+  if (tokens > 0) select_chunks(device_index_, d, layout, args, workspace, stream);
+  if (args.counts.data) {
+    sparse_ffn::GroupCountsArgs counting{static_cast<const int32_t*>(args.groups.data),
+                                         args.groups.stride[0],
+                                         tokens,
+                                         d.top_groups,
+                                         layout.groups,
+                                         reinterpret_cast<int32_t*>(workspace + layout.partials_offset),
+                                         static_cast<int32_t*>(args.counts.data)};
+    sparse_ffn::launch_group_counts(counting, stream);
   }
 }
 
