@@ -4,6 +4,8 @@
 // minimum bytes give at the median, and the percentage of the device-copy ceiling measured in the same run.
 // Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
 // rows of each pair, index and score tensors), nothing for the workspace.
+// NOTE: db2 + ds reads each token's dout row once per pair (K times); rows that blocks running at the same time
+// share can come from L2, so its rate may pass the copy ceiling.
 #include <cuda_runtime.h>
 
 #include <algorithm>

@@ -28,51 +28,18 @@ constexpr int bias_sums_max_threads = 256;
 // Rows whose loads are issued together, before any of them is summed.
 constexpr int bias_sums_rows_in_flight = 8;
 
-// Sums each of the 8 values v[0..7] over the 32 lanes of a warp in 9 shuffles (a halving butterfly): every lane
-// keeps half of its values and adds its partner's copy of that half. Returns the full sum of value
-// (lane >> 2) & 7 (lanes 4k .. 4k+3 all hold value k's). The order of the additions is fixed by the lanes, so the
-// result is the same bits on every run.
-__device__ __forceinline__ float warp_sum_eight(float (&v)[8]) {
-  const int lane = threadIdx.x & 31;
-  const bool upper16 = (lane & 16) != 0;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float give = upper16 ? v[i] : v[i + 4];
-    const float keep = upper16 ? v[i + 4] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, give, 16);
-  }
-  const bool upper8 = (lane & 8) != 0;
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const float give = upper8 ? v[i] : v[i + 2];
-    const float keep = upper8 ? v[i + 2] : v[i];
-    v[i] = keep + __shfl_xor_sync(0xffffffffu, give, 8);
-  }
-  const bool upper4 = (lane & 4) != 0;
-  const float give = upper4 ? v[0] : v[1];
-  const float keep = upper4 ? v[1] : v[0];
-  float sum = keep + __shfl_xor_sync(0xffffffffu, give, 4);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  return sum;
-}
-
-// Which of the 8 values warp_sum_eight leaves in `lane`: bit 4 of the lane picks the upper half first, then bit 3,
-// then bit 2.
-__device__ __forceinline__ int warp_sum_eight_index(int lane) {
-  return ((lane >> 4) & 1) * 4 + ((lane >> 3) & 1) * 2 + ((lane >> 2) & 1);
-}
-
-template <class T>
-__global__ void __launch_bounds__(bias_sums_max_threads)
+// kSums: column sums into the partials; kDots: per-row dot products with b2. Templated because each path alone
+// fits in 64 registers (4 blocks per SM, more loads in flight) while both together need over 100 (2 blocks).
+template <class T,
+          bool kSums,
+          bool kDots>
+__global__ void __launch_bounds__(bias_sums_max_threads, kSums && kDots ? 2 : 4)
     chunk_sums_kernel(BiasSumsProblem problem, BiasSumsLayout layout) {
   static_assert(sizeof(Vec16<T>) == 16 && Vec16<T>::size == 8, "the kernel reads rows of 2-byte values, 8 at a time");
-  static_assert(bias_sums_rows_in_flight == 8, "warp_sum_eight reduces exactly the dot products of 8 rows");
   constexpr int lanes = Vec16<T>::size;
-  constexpr int max_warps = bias_sums_max_threads / 32;
 
-  // Dot products of one batch of rows, per warp; two buffers, so one barrier per batch suffices.
-  __shared__ float warp_dots[2][max_warps][bias_sums_rows_in_flight];
+  // Dot products of one batch of rows, per thread (read in the reduction below).
+  __shared__ float thread_dots[2][bias_sums_rows_in_flight][bias_sums_max_threads];
 
   char* workspace = static_cast<char*>(problem.workspace);
   const int32_t* chunk_starts = reinterpret_cast<const int32_t*>(workspace + layout.chunk_starts);
@@ -87,68 +54,72 @@ __global__ void __launch_bounds__(bias_sums_max_threads)
   const int64_t vector = static_cast<int64_t>(blockIdx.y) * blockDim.x + threadIdx.x;
   const bool active = vector < problem.width / lanes;
   const int64_t column = vector * lanes;
-  const bool want_sums = problem.sums != nullptr;
-  const bool want_dots = problem.b2 != nullptr;
   const T* src = static_cast<const T*>(problem.src);
 
-  float bias[lanes];
-  {
-    Vec16<T> b{};
-    if (want_dots && active) b = load16(static_cast<const T*>(problem.b2) + expert * problem.b2_stride + column);
-#pragma unroll
-    for (int j = 0; j < lanes; ++j) bias[j] = to_float(b.v[j]);
+  // The chunk's source rows and weights, staged once: a batch of rows then waits on one memory latency (its rows),
+  // not on two (an index, then the row it names).
+  __shared__ int32_t chunk_src_rows[max_chunk_rows];
+  __shared__ float chunk_weights[max_chunk_rows];
+  const int count = static_cast<int>(last - first);
+  for (int r = threadIdx.x; r < count; r += blockDim.x) {
+    const int64_t i = first + r;
+    chunk_src_rows[r] = problem.gather_idx != nullptr ? __ldg(problem.gather_idx + i) : static_cast<int32_t>(i);
+    chunk_weights[r] = problem.scores != nullptr ? __ldg(problem.scores + __ldg(problem.pair_idx + i)) : 1.0f;
   }
+
+  Vec16<T> bias{};
+  if (kDots && active) bias = load16(static_cast<const T*>(problem.b2) + expert * problem.b2_stride + column);
   float sum[lanes];
 #pragma unroll
   for (int j = 0; j < lanes; ++j) sum[j] = 0.0f;
+  __syncthreads();
 
   int buffer = 0;
-  for (int64_t batch = first; batch < last; batch += bias_sums_rows_in_flight) {
-    int64_t src_row[bias_sums_rows_in_flight];
-    float weight[bias_sums_rows_in_flight];
-#pragma unroll
-    for (int u = 0; u < bias_sums_rows_in_flight; ++u) {
-      const int64_t i = batch + u;
-      const bool valid = i < last;
-      src_row[u] = !valid ? -1 : problem.gather_idx != nullptr ? __ldg(problem.gather_idx + i) : i;
-      weight[u] = valid && problem.scores != nullptr ? __ldg(problem.scores + __ldg(problem.pair_idx + i)) : 1.0f;
-    }
+#pragma unroll 1
+  for (int batch = 0; batch < count; batch += bias_sums_rows_in_flight) {
     Vec16<T> x[bias_sums_rows_in_flight];
 #pragma unroll
     for (int u = 0; u < bias_sums_rows_in_flight; ++u)
-      x[u] = src_row[u] >= 0 && active ? load16(src + src_row[u] * problem.src_stride + column) : Vec16<T>{};
+      x[u] = batch + u < count && active
+                 ? load16(src + static_cast<int64_t>(chunk_src_rows[batch + u]) * problem.src_stride + column)
+                 : Vec16<T>{};
 
-    if (want_sums) {
-      // Row order, as SPEC section 4 orders the sum.
+    // Each row is consumed whole before the next, so its fp32 values need not outlive it. Row order, as SPEC
+    // section 4 orders the sums.
+    float dots[bias_sums_rows_in_flight];
 #pragma unroll
-      for (int u = 0; u < bias_sums_rows_in_flight; ++u)
+    for (int u = 0; u < bias_sums_rows_in_flight; ++u) {
+      const float weight = kSums && batch + u < count ? chunk_weights[batch + u] : 0.0f;
+      dots[u] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < lanes; ++j) sum[j] = fmaf(weight[u], to_float(x[u].v[j]), sum[j]);
-    }
-    if (want_dots) {
-      float dots[bias_sums_rows_in_flight];
-#pragma unroll
-      for (int u = 0; u < bias_sums_rows_in_flight; ++u) {
-        dots[u] = 0.0f;
-#pragma unroll
-        for (int j = 0; j < lanes; ++j) dots[u] = fmaf(to_float(x[u].v[j]), bias[j], dots[u]);
+      for (int j = 0; j < lanes; ++j) {
+        const float value = to_float(x[u].v[j]);
+        sum[j] = fmaf(weight, value, sum[j]);
+        dots[u] = fmaf(value, to_float(bias.v[j]), dots[u]);
       }
-      const float warp_dot = warp_sum_eight(dots);
-      const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-      if ((lane & 3) == 0) warp_dots[buffer][warp][warp_sum_eight_index(lane)] = warp_dot;
+    }
+    if (kDots) {
+      // Every thread's 8 dot products go to shared memory; then warp w sums row w over the block's threads in
+      // thread order and a fixed butterfly. Two buffers, so one barrier per batch suffices.
+#pragma unroll
+      for (int u = 0; u < bias_sums_rows_in_flight; ++u) thread_dots[buffer][u][threadIdx.x] = dots[u];
       __syncthreads();
-      const int64_t row = batch + threadIdx.x;
-      if (threadIdx.x < bias_sums_rows_in_flight && row < last) {
-        float block_dot = 0.0f;
-        for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) block_dot += warp_dots[buffer][w][threadIdx.x];
-        float* row_dots = reinterpret_cast<float*>(workspace + layout.row_dots);
-        row_dots[row * layout.column_blocks + blockIdx.y] = block_dot;
+      const int lane = threadIdx.x & 31, warps = static_cast<int>(blockDim.x >> 5);
+      for (int u = static_cast<int>(threadIdx.x >> 5); u < bias_sums_rows_in_flight; u += warps) {
+        float dot = 0.0f;
+        for (int t = lane; t < static_cast<int>(blockDim.x); t += 32) dot += thread_dots[buffer][u][t];
+#pragma unroll
+        for (int offset = 16; offset > 0; offset >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (lane == 0 && batch + u < count) {
+          float* row_dots = reinterpret_cast<float*>(workspace + layout.row_dots);
+          row_dots[(first + batch + u) * layout.column_blocks + blockIdx.y] = dot;
+        }
       }
       buffer ^= 1;
     }
   }
 
-  if (want_sums && active) {
+  if (kSums && active) {
     float4* partial = reinterpret_cast<float4*>(reinterpret_cast<float*>(workspace + layout.partials) +
                                                 chunk * problem.width + column);
     partial[0] = make_float4(sum[0], sum[1], sum[2], sum[3]);
@@ -230,7 +201,12 @@ void launch_bias_sums(const BiasSumsProblem& problem, const BiasSumsLayout& layo
   const int64_t chunks = (problem.rows + layout.chunk_rows - 1) / layout.chunk_rows + problem.experts;
   if (problem.rows > 0) {
     const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(layout.column_blocks));
-    chunk_sums_kernel<T><<<grid, layout.threads, 0, stream>>>(problem, layout);
+    if (problem.sums != nullptr && problem.b2 != nullptr)
+      chunk_sums_kernel<T, true, true><<<grid, layout.threads, 0, stream>>>(problem, layout);
+    else if (problem.sums != nullptr)
+      chunk_sums_kernel<T, true, false><<<grid, layout.threads, 0, stream>>>(problem, layout);
+    else
+      chunk_sums_kernel<T, false, true><<<grid, layout.threads, 0, stream>>>(problem, layout);
     check_launch("bias sums: chunk sums kernel");
   }
   if (problem.sums != nullptr) {

@@ -25,6 +25,9 @@ inline namespace v0 {
 namespace cuda {
 namespace reduce {
 
+// The most rows in one chunk (blocks of 32 threads); pass 1 stages a chunk's row indices in shared memory.
+constexpr int max_chunk_rows = 1024;
+
 // Where pass 1 leaves its results, and the shape both passes use. Sizes and offsets come from bias_sums_layout
 // alone, so the plan's workspace size and the kernels' layout cannot disagree.
 struct BiasSumsLayout {
@@ -47,7 +50,7 @@ inline BiasSumsLayout bias_sums_layout(int64_t experts, int64_t max_rows, int64_
   while (layout.threads < 256 && layout.threads < vectors) layout.threads *= 2;
   // NOTE: about 512 KiB of 2-byte input per (chunk, column block): enough rows that the partial sums cost a few
   // percent of the traffic, few enough that the last wave of blocks is short.
-  layout.chunk_rows = 32768 / layout.threads;
+  layout.chunk_rows = max_chunk_rows * 32 / layout.threads;
   layout.column_blocks = (vectors + layout.threads - 1) / layout.threads;
   layout.max_chunks = (max_rows + layout.chunk_rows - 1) / layout.chunk_rows + experts;
   size_t offset = 0;
