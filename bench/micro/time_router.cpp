@@ -2,8 +2,9 @@
 // shape, T = 32768 with E = 256 and E = 128, K = 8, bf16 logits, plus a few other kinds and E = 4096.
 // Each timed unit is a CUDA graph of `sets` calls, one per copy of the buffers (rotated past the L2 size), so the
 // per-call figure is GPU time without host launch gaps; one row also times plain stream calls for comparison.
-// Bytes counted (the minimum): forward reads the logits and writes scores, int32 indices and counts; backward
-// reads the K selected logits, indices and dscores (and the whole logits row for TOPK_SOFTMAX) and writes dlogits.
+// Bytes counted (the minimum): forward reads the logits and writes scores, int32 indices and counts (not the
+// per-block counts in the workspace); backward reads the K selected logits, indices and dscores (and the whole
+// logits row for TOPK_SOFTMAX) and writes dlogits.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -44,6 +45,7 @@ struct Case {
   bool backward;
   moekit_dtype_t dlogits_dtype;  // backward: fp32 or bf16
   bool stream_calls;             // time plain stream calls instead of graphs
+  bool counts = true;            // forward: request the per-expert counts
 };
 
 // One copy of a call's buffers.
@@ -68,6 +70,10 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   desc.dtype = MOEKIT_DTYPE_BF16;
   moekit_plan_t plan = nullptr;
   check(moekit_router_plan_create(handle, &desc, &plan), "moekit_router_plan_create");
+  size_t workspace_bytes = 0;
+  check(moekit_plan_workspace_size(plan, &workspace_bytes), "moekit_plan_workspace_size");
+  void* workspace = nullptr;
+  check_cuda(cudaMalloc(&workspace, workspace_bytes + 1), "cudaMalloc workspace");
 
   const size_t logits_bytes = static_cast<size_t>(T * E) * 2;
   const size_t pair_bytes = static_cast<size_t>(T * K) * 4;
@@ -102,8 +108,8 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
     if (c.kind == MOEKIT_ROUTER_SIGMOID) args.bias = device_tensor(d.bias, MOEKIT_DTYPE_FP32, {E});
     args.scores = device_tensor(d.scores, MOEKIT_DTYPE_FP32, {T, K});
     args.indices = device_tensor(d.indices, MOEKIT_DTYPE_INT32, {T, K});
-    args.counts = device_tensor(d.counts, MOEKIT_DTYPE_INT32, {E});
-    check(moekit_router_forward(plan, &args, nullptr, 0, stream), "moekit_router_forward");
+    if (c.counts) args.counts = device_tensor(d.counts, MOEKIT_DTYPE_INT32, {E});
+    check(moekit_router_forward(plan, &args, workspace, workspace_bytes, stream), "moekit_router_forward");
   };
   auto backward = [&](DeviceSet& d) {
     moekit_router_bwd_args_t args;
@@ -112,7 +118,7 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
     args.indices = device_tensor(d.indices, MOEKIT_DTYPE_INT32, {T, K});
     args.dscores = device_tensor(d.scores, MOEKIT_DTYPE_FP32, {T, K});
     args.dlogits = device_tensor(d.dlogits, c.dlogits_dtype, {T, E});
-    check(moekit_router_backward(plan, &args, nullptr, 0, stream), "moekit_router_backward");
+    check(moekit_router_backward(plan, &args, workspace, workspace_bytes, stream), "moekit_router_backward");
   };
   // The backward's indices are the forward's; its dscores are the forward's scores.
   if (c.backward)
@@ -149,7 +155,7 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
 
   // A sanity check of the timed calls: the forward's counts sum to T*K.
   bool ok = true;
-  if (!c.backward) {
+  if (!c.backward && c.counts) {
     std::vector<int32_t> counts(static_cast<size_t>(E));
     check_cuda(cudaMemcpy(counts.data(), device.back().counts, counts.size() * 4, cudaMemcpyDeviceToHost),
                "download counts");
@@ -166,6 +172,7 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
     cudaFree(d.counts);
     cudaFree(d.dlogits);
   }
+  cudaFree(workspace);
   moekit_plan_destroy(plan);
 
   const double tbps = bytes / (t.median_us * 1e-6) / 1e12;
@@ -194,9 +201,11 @@ int main() {
       {"fwd SOFTMAX_TOPK T=32768 E=256 K=8", 32768, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, false},
       {"fwd SOFTMAX_TOPK T=32768 E=128 K=8", 32768, 128, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, false},
       {"fwd SOFTMAX_TOPK E=256 K=8, stream calls", 32768, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, true},
+      {"fwd SOFTMAX_TOPK E=256 K=8, no counts", 32768, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, false, false},
       {"fwd TOPK_SOFTMAX+renorm T=32768 E=256 K=8", 32768, 256, 8, MOEKIT_ROUTER_TOPK_SOFTMAX, false, fp32, false},
       {"fwd SIGMOID+renorm T=32768 E=256 K=8", 32768, 256, 8, MOEKIT_ROUTER_SIGMOID, false, fp32, false},
       {"fwd SOFTMAX_TOPK T=32768 E=4096 K=8", 32768, 4096, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, false},
+      {"fwd SOFTMAX_TOPK E=4096 K=8, no counts", 32768, 4096, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, false, fp32, false, false},
       {"bwd SOFTMAX_TOPK T=32768 E=256 K=8 fp32 dl", 32768, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, true, fp32, false},
       {"bwd SOFTMAX_TOPK T=32768 E=256 K=8 bf16 dl", 32768, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, true, bf16, false},
       {"bwd SOFTMAX_TOPK T=32768 E=128 K=8 fp32 dl", 32768, 128, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, true, fp32, false},

@@ -6,8 +6,11 @@
 // tensor is contiguous; the logits rows of a row group are read whole, so a row needs >= K finite logits
 // (otherwise the lowest excluded experts fill the row, as in the reference).
 //
-// Launch: row groups of THREADS threads (router.h), rows_per_block groups per block, grid = ceil(T / rows).
-// Bytes: T*E*sizeof(T) read once (the K selected logits are read again, from L1), T*K*(4 + index size) written.
+// Launch: row groups of THREADS threads (router.h), forward_rows_per_block groups per block, router_forward_blocks
+// blocks looping over the rows. Shared memory: the block's per-expert counts [E] int32 when counts are requested.
+// Then router_counts (router_counts.cu) sums the blocks' counts [blocks][E] (workspace) into counts [E].
+// Bytes: T*E*sizeof(T) read once (the K selected logits are read again, from L1), T*K*(4 + index size) written,
+// blocks*E*4 written and read for the counts.
 //
 // Selection: each thread keeps its keys as order codes (row_group.cuh) and its own best: the highest code, the
 // lowest element among equal codes (its slots ascend by element and only a strictly higher code replaces the
@@ -15,8 +18,8 @@
 // a warp max (redux.sync; across warps through shared memory); the holder marks the key taken and rescans. K
 // rounds give the winners in order; lane k of each warp keeps winner k.
 //
-// Determinism: selection is integer logic; score sums are fixed butterflies; counts are integer atomics, whose
-// totals do not depend on their order.
+// Determinism: selection is integer logic; score sums are fixed butterflies; counts are integer (shared-memory
+// atomics within a block, then a sum over the blocks), exact in any order.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,12 +37,6 @@ inline namespace v0 {
 namespace cuda {
 namespace routing {
 
-// A warp-sized row group shares its block with three others (128 threads); a block-sized one is alone.
-template <int THREADS>
-__host__ __device__ constexpr int rows_per_block() {
-  return THREADS == 32 ? 4 : 1;
-}
-
 // The SIGMOID kind's selection key float(sigmoid(x) + bias), formed in double exactly as the reference forms it,
 // so both backends round the same value to fp32 (up to one ulp of exp in double, far below fp32's resolution).
 __device__ __forceinline__ float sigmoid_key(float x, float bias) {
@@ -51,163 +48,185 @@ __device__ __forceinline__ float sigmoid_key(float x, float bias) {
 template <class T,
           int THREADS,
           int ITEMS>
-__global__ void __launch_bounds__(THREADS * rows_per_block<THREADS>())
+__global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS == 32 && ITEMS <= 8 ? 2 : 1)
     router_forward_kernel(RouterProblem problem, RouterForwardArgs args, bool chunked) {
-  constexpr int ROWS = rows_per_block<THREADS>();
+  constexpr int ROWS = THREADS == 32 ? 32 : 1;  // forward_rows_per_block (router.h)
   constexpr int CHUNK = chunk_elements<T, ITEMS>();
   constexpr int WARPS = THREADS / 32;
   static_assert(THREADS % 32 == 0, "a row group is a whole number of warps");
   static_assert(THREADS == 32 || ROWS == 1, "a row group larger than a warp owns its block (it synchronises it)");
 
-  __shared__ float scratch[WARPS];                       // group_sum / group_max partials
-  __shared__ unsigned long long round_best[2][WARPS];    // each warp's (code, ~element) per round, double-buffered
+  extern __shared__ int block_counts[];                // [E] when counts are requested
+  __shared__ float scratch[WARPS];                     // group_sum / group_max partials
+  __shared__ unsigned long long round_best[2][WARPS];  // each warp's (code, ~element) per round, double-buffered
 
   const int experts = static_cast<int>(problem.experts);
   const int top_k = static_cast<int>(problem.top_k);
   const int lane = threadIdx.x % THREADS;  // position in the row group
   const int warp_lane = threadIdx.x % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / THREADS;
-  // NOTE: a whole row group leaves together (a block-sized group always has a row: grid = T).
-  if (row >= problem.tokens) return;
-  const T* logits = static_cast<const T*>(args.logits) + row * args.logits_stride;  // [E]
-
-  float x[ITEMS];
-  load_row<T, THREADS, ITEMS>(logits, experts, lane, chunked, x);
-
-  // TOPK_SOFTMAX scores need the softmax denominator over all E.
-  float row_max = 0.0f, row_sum = 1.0f;
-  if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
-    float m = -INFINITY;
-#pragma unroll
-    for (int s = 0; s < ITEMS; ++s) m = fmaxf(m, x[s]);
-    row_max = group_max<THREADS>(m, scratch);
-    float z = 0.0f;
-#pragma unroll
-    for (int s = 0; s < ITEMS; ++s) z += expf(x[s] - row_max);  // slots past E hold -inf: 0
-    row_sum = group_sum<THREADS>(z, scratch);
+  const bool counting = args.counts != nullptr;
+  if (counting) {
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) block_counts[e] = 0;
+    __syncthreads();
   }
 
-  unsigned code[ITEMS];
-#pragma unroll
-  for (int s = 0; s < ITEMS; ++s) {
-    const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
-    if (e >= experts) {
-      code[s] = taken_code;
-    } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
-      code[s] = order_code(sigmoid_key(x[s], args.bias ? args.bias[e] : 0.0f));
-    } else {
-      code[s] = order_code(x[s]);
-    }
-  }
+  // NOTE: no thread leaves early: the block synchronises before writing its counts. The rows of a block-sized
+  // group are the same for all its threads, so its __syncthreads are reached by all.
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / THREADS; row < problem.tokens;
+       row += static_cast<int64_t>(gridDim.x) * ROWS) {
+    const T* logits = static_cast<const T*>(args.logits) + row * args.logits_stride;  // [E]
+    float x[ITEMS];
+    load_row<T, THREADS, ITEMS>(logits, experts, lane, chunked, x);
 
-  unsigned best = taken_code;
-  int best_slot = 0;
-#pragma unroll
-  for (int s = 0; s < ITEMS; ++s)
-    if (code[s] > best) {
-      best = code[s];
-      best_slot = s;
-    }
-
-  int selected = 0;  // lane k: the k-th winner
-  for (int k = 0; k < top_k; ++k) {
-    const unsigned rank = ~static_cast<unsigned>(element_of<THREADS, CHUNK>(best_slot, lane, chunked));
-    unsigned top = __reduce_max_sync(full_warp, best);
-    unsigned top_rank = __reduce_max_sync(full_warp, best == top ? rank : 0u);
-    if constexpr (THREADS > 32) {
-      unsigned long long* warp_best = round_best[k % 2];
-      if (warp_lane == 0) warp_best[threadIdx.x / 32] = (static_cast<unsigned long long>(top) << 32) | top_rank;
-      __syncthreads();
-      unsigned long long winner = 0;
-#pragma unroll
-      for (int w = 0; w < WARPS; ++w) winner = winner > warp_best[w] ? winner : warp_best[w];
-      top = static_cast<unsigned>(winner >> 32);
-      top_rank = static_cast<unsigned>(winner);
-    }
-    if (best == top && rank == top_rank) {
-#pragma unroll
-      for (int s = 0; s < ITEMS; ++s)
-        if (s == best_slot) code[s] = taken_code;
-      best = taken_code;
-      best_slot = 0;
-#pragma unroll
-      for (int s = 0; s < ITEMS; ++s)
-        if (code[s] > best) {
-          best = code[s];
-          best_slot = s;
-        }
-    }
-    if (warp_lane == k) selected = static_cast<int>(~top_rank);
-  }
-
-  // Every warp knows the winners; the first one writes them.
-  if (THREADS > 32 && threadIdx.x >= 32) return;
-  const bool active = warp_lane < top_k;
-  const float v = active ? to_float(logits[selected]) : 0.0f;
-  float score;
-  if (problem.kind == MOEKIT_ROUTER_SOFTMAX_TOPK) {
-    const float m = warp_max(active ? v : -INFINITY);
-    const float ex = active ? expf(v - m) : 0.0f;
-    score = ex / warp_sum(ex);
-  } else {
-    float r = v;
+    // TOPK_SOFTMAX scores need the softmax denominator over all E.
+    float row_max = 0.0f, row_sum = 1.0f;
     if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
-      r = expf(v - row_max) / row_sum;
-    } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
-      r = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(v))));
+      float m = -INFINITY;
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s) m = fmaxf(m, x[s]);
+      row_max = group_max<THREADS>(m, scratch);
+      float z = 0.0f;
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s) z += expf(x[s] - row_max);  // slots past E hold -inf: 0
+      row_sum = group_sum<THREADS>(z, scratch);
     }
-    if (!active) r = 0.0f;
-    if (problem.renormalize) r = r / warp_sum(r);
-    score = problem.kind == MOEKIT_ROUTER_SIGMOID ? problem.scale * r : r;
+
+    unsigned code[ITEMS];
+#pragma unroll
+    for (int s = 0; s < ITEMS; ++s) {
+      const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
+      if (e >= experts) {
+        code[s] = taken_code;
+      } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
+        code[s] = order_code(sigmoid_key(x[s], args.bias ? args.bias[e] : 0.0f));
+      } else {
+        code[s] = order_code(x[s]);
+      }
+    }
+
+    unsigned best = taken_code;
+    int best_slot = 0;
+#pragma unroll
+    for (int s = 0; s < ITEMS; ++s)
+      if (code[s] > best) {
+        best = code[s];
+        best_slot = s;
+      }
+
+    int selected = 0;  // lane k: the k-th winner
+    for (int k = 0; k < top_k; ++k) {
+      const unsigned rank = ~static_cast<unsigned>(element_of<THREADS, CHUNK>(best_slot, lane, chunked));
+      unsigned top = __reduce_max_sync(full_warp, best);
+      unsigned top_rank = __reduce_max_sync(full_warp, best == top ? rank : 0u);
+      if constexpr (THREADS > 32) {
+        unsigned long long* warp_best = round_best[k % 2];
+        if (warp_lane == 0) warp_best[threadIdx.x / 32] = (static_cast<unsigned long long>(top) << 32) | top_rank;
+        __syncthreads();
+        unsigned long long winner = 0;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) winner = winner > warp_best[w] ? winner : warp_best[w];
+        top = static_cast<unsigned>(winner >> 32);
+        top_rank = static_cast<unsigned>(winner);
+      }
+      if (best == top && rank == top_rank) {
+#pragma unroll
+        for (int s = 0; s < ITEMS; ++s)
+          if (s == best_slot) code[s] = taken_code;
+        best = taken_code;
+        best_slot = 0;
+#pragma unroll
+        for (int s = 0; s < ITEMS; ++s)
+          if (code[s] > best) {
+            best = code[s];
+            best_slot = s;
+          }
+      }
+      if (warp_lane == k) selected = static_cast<int>(~top_rank);
+    }
+
+    // Every warp knows the winners; the first one writes them.
+    if (THREADS > 32 && threadIdx.x >= 32) continue;
+    const bool active = warp_lane < top_k;
+    const float v = active ? to_float(logits[selected]) : 0.0f;
+    float score;
+    if (problem.kind == MOEKIT_ROUTER_SOFTMAX_TOPK) {
+      const float m = warp_max(active ? v : -INFINITY);
+      const float ex = active ? expf(v - m) : 0.0f;
+      score = ex / warp_sum(ex);
+    } else {
+      float r = v;
+      if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
+        r = expf(v - row_max) / row_sum;
+      } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
+        r = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(v))));
+      }
+      if (!active) r = 0.0f;
+      if (problem.renormalize) r = r / warp_sum(r);
+      score = problem.kind == MOEKIT_ROUTER_SIGMOID ? problem.scale * r : r;
+    }
+    if (!active) continue;
+    args.scores[row * args.scores_stride + warp_lane] = score;
+    if (args.indices_int64) {
+      static_cast<int64_t*>(args.indices)[row * args.indices_stride + warp_lane] = selected;
+    } else {
+      static_cast<int32_t*>(args.indices)[row * args.indices_stride + warp_lane] = selected;
+    }
+    if (counting) atomicAdd(&block_counts[selected], 1);
   }
-  if (!active) return;
-  args.scores[row * args.scores_stride + warp_lane] = score;
-  if (args.indices_int64) {
-    static_cast<int64_t*>(args.indices)[row * args.indices_stride + warp_lane] = selected;
-  } else {
-    static_cast<int32_t*>(args.indices)[row * args.indices_stride + warp_lane] = selected;
+
+  if (counting) {
+    __syncthreads();
+    int32_t* partial = static_cast<int32_t*>(args.workspace) + static_cast<int64_t>(blockIdx.x) * experts;  // [E]
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) partial[e] = block_counts[e];
   }
-  if (args.counts) atomicAdd(&args.counts[selected], 1);
 }
 
 template <class T,
           int THREADS,
           int ITEMS>
-void launch_router_forward_shape(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream) {
-  constexpr int ROWS = rows_per_block<THREADS>();
+void launch_router_forward_shape(const RouterProblem& problem, const RouterForwardArgs& args, int64_t blocks,
+                                 cudaStream_t stream) {
+  constexpr int ROWS = THREADS == 32 ? 32 : 1;
   const bool chunked = chunked_rows<T, chunk_elements<T, ITEMS>()>(args.logits, args.logits_stride, problem.experts);
-  const int64_t blocks = (problem.tokens + ROWS - 1) / ROWS;
+  const size_t shared_bytes = args.counts ? sizeof(int) * static_cast<size_t>(problem.experts) : 0;
   router_forward_kernel<T, THREADS, ITEMS>
-      <<<static_cast<unsigned>(blocks), THREADS * ROWS, 0, stream>>>(problem, args, chunked);
+      <<<static_cast<unsigned>(blocks), THREADS * ROWS, shared_bytes, stream>>>(problem, args, chunked);
   check_launch("router forward kernel");
 }
 
 template <class T>
 void launch_router_forward(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream) {
-  if (args.counts)
-    check_cuda(cudaMemsetAsync(args.counts, 0, sizeof(int32_t) * static_cast<size_t>(problem.experts), stream),
-               "router forward: zeroing counts");
-  if (problem.tokens == 0) return;
-  const RowGroupShape shape = row_group_shape(problem.experts);
-  if (shape.threads == 32) {
-    switch (shape.items) {
-      case 1: return launch_router_forward_shape<T, 32, 1>(problem, args, stream);
-      case 2: return launch_router_forward_shape<T, 32, 2>(problem, args, stream);
-      case 4: return launch_router_forward_shape<T, 32, 4>(problem, args, stream);
-      case 8: return launch_router_forward_shape<T, 32, 8>(problem, args, stream);
-      case 16: return launch_router_forward_shape<T, 32, 16>(problem, args, stream);
-      case 32: return launch_router_forward_shape<T, 32, 32>(problem, args, stream);
+  int device = 0, sm_count = 0;
+  check_cuda(cudaGetDevice(&device), "router forward: cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
+             "router forward: SM count");
+  int64_t blocks = router_forward_blocks(problem.tokens, problem.experts, sm_count);
+  // NOTE: a workspace sized on another device (fewer SMs) bounds the grid; the kernels loop over rows anyway.
+  const int64_t fitting = static_cast<int64_t>(args.workspace_bytes / (sizeof(int32_t) * problem.experts));
+  if (args.counts && blocks > fitting) blocks = fitting;
+  if (problem.tokens > 0) {
+    const RowGroupShape shape = row_group_shape(problem.experts);
+    if (shape.threads == 32) {
+      switch (shape.items) {
+        case 1: launch_router_forward_shape<T, 32, 1>(problem, args, blocks, stream); break;
+        case 2: launch_router_forward_shape<T, 32, 2>(problem, args, blocks, stream); break;
+        case 4: launch_router_forward_shape<T, 32, 4>(problem, args, blocks, stream); break;
+        case 8: launch_router_forward_shape<T, 32, 8>(problem, args, blocks, stream); break;
+        case 16: launch_router_forward_shape<T, 32, 16>(problem, args, blocks, stream); break;
+        case 32: launch_router_forward_shape<T, 32, 32>(problem, args, blocks, stream); break;
+      }
+    } else if (shape.threads == 256 && shape.items == 8) {
+      launch_router_forward_shape<T, 256, 8>(problem, args, blocks, stream);
+    } else if (shape.threads == 256 && shape.items == 16) {
+      launch_router_forward_shape<T, 256, 16>(problem, args, blocks, stream);
+    } else {
+      launch_router_forward_shape<T, 512, 16>(problem, args, blocks, stream);
     }
-  } else if (shape.threads == 256) {
-    switch (shape.items) {
-      case 8: return launch_router_forward_shape<T, 256, 8>(problem, args, stream);
-      case 16: return launch_router_forward_shape<T, 256, 16>(problem, args, stream);
-    }
-  } else if (shape.threads == 512 && shape.items == 16) {
-    return launch_router_forward_shape<T, 512, 16>(problem, args, stream);
   }
-  throw_not_supported("experts: the CUDA router holds at most " + std::to_string(max_router_experts) +
-                      " experts per row, got " + std::to_string(problem.experts));
+  if (args.counts) {
+    const int64_t written = problem.tokens > 0 ? blocks : 0;  // T = 0: no block counted anything
+    router_counts(static_cast<const int32_t*>(args.workspace), written, problem.experts, args.counts, stream);
+  }
 }
 
 }  // namespace routing

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cuda/common/cuda_check.h"
 #include "cuda/dispatch/dispatch_layout.h"
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
@@ -50,9 +51,14 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
 void CudaBackend::plan_sizes(moekit_plan& plan) const {
   plan.workspace_bytes = 0;
   plan.saved_bytes = 0;
-  if (plan.kind == OpKind::router && plan.router.experts > routing::max_router_experts)
-    throw_not_supported("experts: the CUDA router holds at most " + std::to_string(routing::max_router_experts) +
-                        " experts per row, got " + std::to_string(plan.router.experts));
+  if (plan.kind == OpKind::router) {
+    if (plan.router.experts > routing::max_router_experts)
+      throw_not_supported("experts: the CUDA router holds at most " + std::to_string(routing::max_router_experts) +
+                          " experts per row, got " + std::to_string(plan.router.experts));
+    int sm_count = 0;
+    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index_), "router: SM count");
+    plan.workspace_bytes = routing::router_workspace_bytes(plan.router.max_tokens, plan.router.experts, sm_count);
+  }
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
   if (plan.kind == OpKind::group_select)

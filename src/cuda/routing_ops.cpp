@@ -32,7 +32,7 @@ int64_t row_stride(const moekit_tensor_t& t) { return t.stride[0]; }
 
 }  // namespace
 
-void CudaBackend::router_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a, Workspace,
+void CudaBackend::router_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a, Workspace workspace,
                                  void* stream) {
   const routing::RouterProblem problem = problem_of(plan, a.logits.shape[0]);
   const routing::RouterForwardArgs args{a.logits.data,
@@ -43,7 +43,9 @@ void CudaBackend::router_forward(const moekit_plan& plan, const moekit_router_fw
                                         a.indices.data,
                                         row_stride(a.indices),
                                         a.indices.dtype == MOEKIT_DTYPE_INT64,
-                                        static_cast<int32_t*>(a.counts.data)};
+                                        static_cast<int32_t*>(a.counts.data),
+                                        workspace.data,
+                                        workspace.bytes};
   switch (a.logits.dtype) {
     case MOEKIT_DTYPE_BF16: return routing::router_forward_bf16(problem, args, as_stream(stream));
     case MOEKIT_DTYPE_FP16: return routing::router_forward_fp16(problem, args, as_stream(stream));
