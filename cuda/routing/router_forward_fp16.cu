@@ -1,4 +1,5 @@
-// The router forward for fp16 logits: this dtype's instantiations of router_forward.cuh, one per row-group shape (DESIGN.md "Build budget": one dtype per translation unit).
+// The router forward for fp16 logits: this dtype's instantiations of the kernel template,
+// one per row-group shape (DESIGN.md "Build budget": one dtype per translation unit).
 #include "cuda/routing/router_forward.cuh"
 
 namespace moekit {
