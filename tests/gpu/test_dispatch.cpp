@@ -252,7 +252,7 @@ TEST_CASE("dispatch: CUDA equals the reference at T = 32768 for every E and K", 
   sweep_fixed(handles, {32768}, 7002);
 }
 
-TEST_CASE("dispatch: edge cases of the routing", "[gpu][dispatch]") {
+TEST_CASE("dispatch: edge cases of the routing", "[sanitize][gpu][dispatch]") {
   Handles handles;
   std::mt19937_64 rng(7003);
   const moekit_dtype_t dtype = GENERATE(MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64);
@@ -296,7 +296,7 @@ TEST_CASE("dispatch: edge cases of the routing", "[gpu][dispatch]") {
   }
 }
 
-TEST_CASE("dispatch: general routing with 0..5 pairs per token", "[gpu][dispatch]") {
+TEST_CASE("dispatch: general routing with 0..5 pairs per token", "[sanitize][gpu][dispatch]") {
   Handles handles;
   std::mt19937_64 rng(7004);
   std::uniform_int_distribution<int64_t> per_token(0, 5);

@@ -271,7 +271,7 @@ void sweep(const std::vector<int64_t>& token_counts, const std::vector<int64_t>&
 
 }  // namespace
 
-TEST_CASE("CUDA group select matches the reference: small shapes", "[gpu][group_select]") {
+TEST_CASE("CUDA group select matches the reference: small shapes", "[sanitize][gpu][group_select]") {
   sweep({1, 7}, {64}, {256});
 }
 
@@ -427,7 +427,7 @@ void check_load_balance(Handles& h, const HostTensor& counts, const HostTensor& 
 
 }  // namespace
 
-TEST_CASE("CUDA load-balance update equals the reference bit for bit", "[gpu][load_balance]") {
+TEST_CASE("CUDA load-balance update equals the reference bit for bit", "[sanitize][gpu][load_balance]") {
   Handles h;
   std::mt19937_64 rng(99);
   for (moekit_dtype_t counts_dtype : {MOEKIT_DTYPE_INT32, MOEKIT_DTYPE_INT64, MOEKIT_DTYPE_FP32})

@@ -5,7 +5,7 @@
 
 using namespace moekit_test;
 
-TEST_CASE("a CUDA handle is created on a Hopper GPU and rejects host tensors", "[gpu][handle]") {
+TEST_CASE("a CUDA handle is created on a Hopper GPU and rejects host tensors", "[sanitize][gpu][handle]") {
   Handles handles;
   moekit_router_desc_t desc;
   moekit_router_desc_init(&desc);

@@ -459,7 +459,7 @@ TEST_CASE("combine matches the reference at T = 32768", "[gpu][reduce][combine]"
 }
 
 TEST_CASE("variable top-k combine and broadcast backward (0..5 pairs per token) match the reference",
-          "[gpu][reduce][combine]") {
+          "[sanitize][gpu][reduce][combine]") {
   Handles handles;
   std::mt19937_64 rng(303);
   const moekit_dtype_t dtype = GENERATE(MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16);
@@ -473,7 +473,7 @@ TEST_CASE("variable top-k combine and broadcast backward (0..5 pairs per token) 
   check_combine(handles, in);
 }
 
-TEST_CASE("combine keeps a row stride past H and a score row stride past K", "[gpu][reduce][combine]") {
+TEST_CASE("combine keeps a row stride past H and a score row stride past K", "[sanitize][gpu][reduce][combine]") {
   Handles handles;
   std::mt19937_64 rng(304);
   const int64_t tokens = 300, top_k = 4, hidden = 136, pad_h = 24, pad_k = 3;
@@ -656,7 +656,7 @@ TEST_CASE("db2 and ds match the reference over T x K, dropped pairs, with and wi
   check_db2(handles, in);
 }
 
-TEST_CASE("db2 in fp32 with one expert taking every pair matches the reference", "[gpu][reduce][db2_ds]") {
+TEST_CASE("db2 in fp32 with one expert taking every pair matches the reference", "[sanitize][gpu][reduce][db2_ds]") {
   Handles handles;
   std::mt19937_64 rng(313);
   Db2Inputs in =
@@ -690,7 +690,7 @@ TEST_CASE("db1 and db2 + ds are bitwise deterministic over reruns, buffers and t
   cudaStreamDestroy(b);
 }
 
-TEST_CASE("the metrics catch one corrupted db1 row", "[gpu][reduce][db1]") {
+TEST_CASE("the metrics catch one corrupted db1 row", "[sanitize][gpu][reduce][db1]") {
   Handles handles;
   std::mt19937_64 rng(315);
   Db1Inputs in = db1_inputs(rng, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_BF16, 4096, 8, 264, Spread::random, 0.0);

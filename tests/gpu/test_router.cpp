@@ -327,7 +327,7 @@ TEST_CASE("router: every kind x renormalisation x dtype x index type x value pat
           }
 }
 
-TEST_CASE("router: row-group shape edges (E from 1 to 8192, K up to 32)", "[gpu][router]") {
+TEST_CASE("router: row-group shape edges (E from 1 to 8192, K up to 32)", "[sanitize][gpu][router]") {
   Handles handles;
   int64_t n = 0;
   for (int64_t E : {1, 31, 32, 33, 1000, 1024, 1025, 2048, 3000, 8192})
@@ -354,7 +354,7 @@ TEST_CASE("router: E above the kernels' limit is NOT_SUPPORTED at plan creation"
   moekit_plan_destroy(plan);
 }
 
-TEST_CASE("router: strided logits and dlogits rows (no vector path), the padding untouched", "[gpu][router]") {
+TEST_CASE("router: strided logits and dlogits rows (no vector path), the padding untouched", "[sanitize][gpu][router]") {
   Handles handles;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32})
     for (moekit_router_kind_t kind : all_kinds) {
