@@ -94,14 +94,13 @@ int64_t leading_extent(const char* name, const moekit_tensor_t& t, const char* s
     throw_invalid(prefix + "expected a tensor of rank >= 1 whose first dimension gives " + symbol + ", got rank " +
                   std::to_string(t.rank));
   int64_t value = t.shape[0] - minus;
+  if (value >= 0 && value <= bound) return value;
   std::string what =
       minus ? symbol + std::string(" = shape[0] - ") + std::to_string(minus) : symbol + std::string(" = shape[0]");
   if (value < 0)
     throw_invalid(prefix + what + " = " + std::to_string(value) + " is negative (shape " + shape_text(t) + ")");
-  if (value > bound)
-    throw_invalid(prefix + what + " = " + std::to_string(value) + " exceeds the plan's " + bound_name + " = " +
-                  std::to_string(bound));
-  return value;
+  throw_invalid(prefix + what + " = " + std::to_string(value) + " exceeds the plan's " + bound_name + " = " +
+                std::to_string(bound));
 }
 
 TensorCheck::TensorCheck(const TensorRules& rules, const char* name, const moekit_tensor_t& t)
@@ -194,6 +193,10 @@ void TensorCheck::check_dtype() const {
 }
 
 void TensorCheck::check_shape() const {
+  bool matches = t_.rank == static_cast<int32_t>(dims_.size());
+  for (int32_t i = 0; matches && i < t_.rank; ++i) matches = t_.shape[i] == dims_[static_cast<size_t>(i)].value;
+  if (matches) return;
+  // NOTE: the message is built only on failure: run calls check every tensor, and this is their host overhead.
   std::vector<std::string> symbols, values;
   for (const Extent& e : dims_) {
     symbols.push_back(e.symbol);
@@ -202,9 +205,7 @@ void TensorCheck::check_shape() const {
   std::string expected = join(symbols) + " = " + join(values);
   if (t_.rank != static_cast<int32_t>(dims_.size()))
     fail("expected rank " + std::to_string(dims_.size()) + " " + expected + ", got rank " + std::to_string(t_.rank));
-  for (int32_t i = 0; i < t_.rank; ++i)
-    if (t_.shape[i] != dims_[static_cast<size_t>(i)].value)
-      fail("expected shape " + expected + ", got " + shape_text(t_));
+  fail("expected shape " + expected + ", got " + shape_text(t_));
 }
 
 void TensorCheck::check_flat() const {
