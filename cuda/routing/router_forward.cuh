@@ -12,11 +12,13 @@
 // Bytes: T*E*sizeof(T) read once (the K selected logits are read again, from L1), T*K*(4 + index size) written,
 // blocks*E*4 written and read for the counts.
 //
-// Selection: each thread keeps its keys as order codes (row_group.cuh) and its own best: the highest code, the
-// lowest element among equal codes (its slots ascend by element and only a strictly higher code replaces the
-// best). A round takes the group's highest code, then among the threads holding it the lowest element, both by
-// a warp max (redux.sync; across warps through shared memory); the holder marks the key taken and rescans. K
-// rounds give the winners in order; lane k of each warp keeps winner k.
+// Selection, bf16/fp16 logits in a warp (every kind but SIGMOID): packed_selection.cuh, one word per key that
+// holds the 16-bit key and the expert, one warp max per round. Otherwise (fp32 logits, SIGMOID's computed fp32
+// key, rows wider than a warp): each thread keeps its keys as order codes (row_group.cuh) and its own best: the
+// highest code, the lowest element among equal codes (its slots ascend by element and only a strictly higher code
+// replaces the best). A round takes the group's highest code, then among the threads holding it the lowest
+// element, both by a warp max (redux.sync; across warps through shared memory); the holder marks the key taken
+// and rescans. Either way K rounds give the winners in order; lane k of each warp keeps winner k.
 //
 // Determinism: selection is integer logic; score sums are fixed butterflies; counts are integer (shared-memory
 // atomics within a block, then a sum over the blocks), exact in any order.
@@ -29,6 +31,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/storage.cuh"
+#include "cuda/routing/packed_selection.cuh"
 #include "cuda/routing/router.h"
 #include "cuda/routing/row_group.cuh"
 
@@ -45,9 +48,76 @@ __device__ __forceinline__ float sigmoid_key(float x, float bias) {
   return static_cast<float>(q + static_cast<double>(bias));
 }
 
+// TOPK_SOFTMAX's softmax over all E: the row's max and sum of exp(x - max) (slots past E hold -inf).
+template <int THREADS,
+          int ITEMS>
+__device__ __forceinline__ void softmax_denominator(const float (&x)[ITEMS], float* scratch, float& row_max,
+                                                    float& row_sum) {
+  float m = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < ITEMS; ++s) m = fmaxf(m, x[s]);
+  row_max = group_max<THREADS>(m, scratch);
+  float z = 0.0f;
+#pragma unroll
+  for (int s = 0; s < ITEMS; ++s) z += expf(x[s] - row_max);
+  row_sum = group_sum<THREADS>(z, scratch);
+}
+
+// The 32-bit-key selection (fp32 logits, the SIGMOID kind, rows wider than a warp): K rounds over the threads'
+// order codes; returns, in lane k of every warp, the k-th winner.
+template <int THREADS,
+          int ITEMS,
+          int CHUNK>
+__device__ __forceinline__ int select_by_codes(unsigned (&code)[ITEMS], int top_k, int lane, bool chunked,
+                                               unsigned long long (*round_best)[THREADS / 32]) {
+  constexpr int WARPS = THREADS / 32;
+  const int warp_lane = threadIdx.x % 32;
+  unsigned best = taken_code;
+  int best_slot = 0;
+#pragma unroll
+  for (int s = 0; s < ITEMS; ++s)
+    if (code[s] > best) {
+      best = code[s];
+      best_slot = s;
+    }
+
+  int selected = 0;
+  for (int k = 0; k < top_k; ++k) {
+    const unsigned rank = ~static_cast<unsigned>(element_of<THREADS, CHUNK>(best_slot, lane, chunked));
+    unsigned top = __reduce_max_sync(full_warp, best);
+    unsigned top_rank = __reduce_max_sync(full_warp, best == top ? rank : 0u);
+    if constexpr (THREADS > 32) {
+      unsigned long long* warp_best = round_best[k % 2];
+      if (warp_lane == 0) warp_best[threadIdx.x / 32] = (static_cast<unsigned long long>(top) << 32) | top_rank;
+      __syncthreads();
+      unsigned long long winner = 0;
+#pragma unroll
+      for (int w = 0; w < WARPS; ++w) winner = winner > warp_best[w] ? winner : warp_best[w];
+      top = static_cast<unsigned>(winner >> 32);
+      top_rank = static_cast<unsigned>(winner);
+    }
+    if (best == top && rank == top_rank) {
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s)
+        if (s == best_slot) code[s] = taken_code;
+      best = taken_code;
+      best_slot = 0;
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s)
+        if (code[s] > best) {
+          best = code[s];
+          best_slot = s;
+        }
+    }
+    if (warp_lane == k) selected = static_cast<int>(~top_rank);
+  }
+  return selected;
+}
+
 template <class T,
           int THREADS,
-          int ITEMS>
+          int ITEMS,
+          bool PACKED>
 __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS == 32 && ITEMS <= 8 ? 2 : 1)
     router_forward_kernel(RouterProblem problem, RouterForwardArgs args, bool chunked) {
   constexpr int ROWS = THREADS == 32 ? 32 : 1;  // forward_rows_per_block (router.h)
@@ -55,6 +125,8 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
   constexpr int WARPS = THREADS / 32;
   static_assert(THREADS % 32 == 0, "a row group is a whole number of warps");
   static_assert(THREADS == 32 || ROWS == 1, "a row group larger than a warp owns its block (it synchronises it)");
+  static_assert(!PACKED || (THREADS == 32 && sizeof(T) == 2), "packed selection: a warp per row of 16-bit logits");
+  static_assert(THREADS * ITEMS < 0xFFFF, "an expert's complement fits the low half of a packed word");
 
   extern __shared__ int block_counts[];                // [E] when counts are requested
   __shared__ float scratch[WARPS];                     // group_sum / group_max partials
@@ -65,6 +137,8 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
   const int lane = threadIdx.x % THREADS;  // position in the row group
   const int warp_lane = threadIdx.x % 32;
   const bool counting = args.counts != nullptr;
+  int score_lanes = 1;  // the lanes holding winners, rounded up to a power of two, for the score sums
+  while (score_lanes < top_k) score_lanes *= 2;
   if (counting) {
     for (int e = threadIdx.x; e < experts; e += blockDim.x) block_counts[e] = 0;
     __syncthreads();
@@ -75,73 +149,44 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
   for (int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / THREADS; row < problem.tokens;
        row += static_cast<int64_t>(gridDim.x) * ROWS) {
     const T* logits = static_cast<const T*>(args.logits) + row * args.logits_stride;  // [E]
-    float x[ITEMS];
-    load_row<T, THREADS, ITEMS>(logits, experts, lane, chunked, x);
-
-    // TOPK_SOFTMAX scores need the softmax denominator over all E.
-    float row_max = 0.0f, row_sum = 1.0f;
-    if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
-      float m = -INFINITY;
-#pragma unroll
-      for (int s = 0; s < ITEMS; ++s) m = fmaxf(m, x[s]);
-      row_max = group_max<THREADS>(m, scratch);
-      float z = 0.0f;
-#pragma unroll
-      for (int s = 0; s < ITEMS; ++s) z += expf(x[s] - row_max);  // slots past E hold -inf: 0
-      row_sum = group_sum<THREADS>(z, scratch);
-    }
-
-    unsigned code[ITEMS];
-#pragma unroll
-    for (int s = 0; s < ITEMS; ++s) {
-      const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
-      if (e >= experts) {
-        code[s] = taken_code;
-      } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
-        code[s] = order_code(sigmoid_key(x[s], args.bias ? args.bias[e] : 0.0f));
-      } else {
-        code[s] = order_code(x[s]);
-      }
-    }
-
-    unsigned best = taken_code;
-    int best_slot = 0;
-#pragma unroll
-    for (int s = 0; s < ITEMS; ++s)
-      if (code[s] > best) {
-        best = code[s];
-        best_slot = s;
-      }
-
-    int selected = 0;  // lane k: the k-th winner
-    for (int k = 0; k < top_k; ++k) {
-      const unsigned rank = ~static_cast<unsigned>(element_of<THREADS, CHUNK>(best_slot, lane, chunked));
-      unsigned top = __reduce_max_sync(full_warp, best);
-      unsigned top_rank = __reduce_max_sync(full_warp, best == top ? rank : 0u);
-      if constexpr (THREADS > 32) {
-        unsigned long long* warp_best = round_best[k % 2];
-        if (warp_lane == 0) warp_best[threadIdx.x / 32] = (static_cast<unsigned long long>(top) << 32) | top_rank;
-        __syncthreads();
-        unsigned long long winner = 0;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) winner = winner > warp_best[w] ? winner : warp_best[w];
-        top = static_cast<unsigned>(winner >> 32);
-        top_rank = static_cast<unsigned>(winner);
-      }
-      if (best == top && rank == top_rank) {
+    float row_max = 0.0f, row_sum = 1.0f;  // TOPK_SOFTMAX scores need the softmax denominator over all E
+    int selected;                          // lane k < K of each warp: the k-th winner
+    if constexpr (PACKED) {
+      unsigned short bits[ITEMS];
+      load_row_bits<THREADS, ITEMS, CHUNK>(reinterpret_cast<const unsigned short*>(logits), experts, lane, chunked,
+                                           bits);
+      if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
+        float x[ITEMS];
 #pragma unroll
         for (int s = 0; s < ITEMS; ++s)
-          if (s == best_slot) code[s] = taken_code;
-        best = taken_code;
-        best_slot = 0;
-#pragma unroll
-        for (int s = 0; s < ITEMS; ++s)
-          if (code[s] > best) {
-            best = code[s];
-            best_slot = s;
-          }
+          x[s] = element_of<THREADS, CHUNK>(s, lane, chunked) < experts ? value_of_bits<T>(bits[s]) : -INFINITY;
+        softmax_denominator<THREADS, ITEMS>(x, scratch, row_max, row_sum);
       }
-      if (warp_lane == k) selected = static_cast<int>(~top_rank);
+      unsigned words[ITEMS];
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s) {
+        const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
+        words[s] = e < experts ? packed_word<T>(bits[s], e) : 0u;
+      }
+      sort_descending<ITEMS>(words);
+      selected = expert_of_word(select_packed<ITEMS>(words, top_k, warp_lane));
+    } else {
+      float x[ITEMS];
+      load_row<T, THREADS, ITEMS>(logits, experts, lane, chunked, x);
+      if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) softmax_denominator<THREADS, ITEMS>(x, scratch, row_max, row_sum);
+      unsigned code[ITEMS];
+#pragma unroll
+      for (int s = 0; s < ITEMS; ++s) {
+        const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
+        if (e >= experts) {
+          code[s] = taken_code;
+        } else if (problem.kind == MOEKIT_ROUTER_SIGMOID) {
+          code[s] = order_code(sigmoid_key(x[s], args.bias ? args.bias[e] : 0.0f));
+        } else {
+          code[s] = order_code(x[s]);
+        }
+      }
+      selected = select_by_codes<THREADS, ITEMS, CHUNK>(code, top_k, lane, chunked, round_best);
     }
 
     // Every warp knows the winners; the first one writes them.
@@ -150,9 +195,11 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
     const float v = active ? to_float(logits[selected]) : 0.0f;
     float score;
     if (problem.kind == MOEKIT_ROUTER_SOFTMAX_TOPK) {
-      const float m = warp_max(active ? v : -INFINITY);
+      // NOTE: the first winner holds the largest selected value (a NaN only when every winner is -inf or NaN,
+      // and then every score is NaN either way).
+      const float m = __shfl_sync(full_warp, v, 0);
       const float ex = active ? expf(v - m) : 0.0f;
-      score = ex / warp_sum(ex);
+      score = ex / lanes_sum(ex, score_lanes);
     } else {
       float r = v;
       if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
@@ -161,7 +208,7 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
         r = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(v))));
       }
       if (!active) r = 0.0f;
-      if (problem.renormalize) r = r / warp_sum(r);
+      if (problem.renormalize) r = r / lanes_sum(r, score_lanes);
       score = problem.kind == MOEKIT_ROUTER_SIGMOID ? problem.scale * r : r;
     }
     if (!active) continue;
@@ -189,8 +236,16 @@ void launch_router_forward_shape(const RouterProblem& problem, const RouterForwa
   constexpr int ROWS = THREADS == 32 ? 32 : 1;
   const bool chunked = chunked_rows<T, chunk_elements<T, ITEMS>()>(args.logits, args.logits_stride, problem.experts);
   const size_t shared_bytes = args.counts ? sizeof(int) * static_cast<size_t>(problem.experts) : 0;
-  router_forward_kernel<T, THREADS, ITEMS>
-      <<<static_cast<unsigned>(blocks), THREADS * ROWS, shared_bytes, stream>>>(problem, args, chunked);
+  // Packed selection where a warp holds the row and the key is the 16-bit logit itself.
+  // NOTE: 32 words a thread (E > 512) spill at the 64 registers of a full block: those rows keep the 32-bit path.
+  constexpr bool packable = THREADS == 32 && sizeof(T) == 2 && ITEMS <= 16;
+  if (packable && problem.kind != MOEKIT_ROUTER_SIGMOID) {
+    router_forward_kernel<T, THREADS, ITEMS, packable>
+        <<<static_cast<unsigned>(blocks), THREADS * ROWS, shared_bytes, stream>>>(problem, args, chunked);
+  } else {
+    router_forward_kernel<T, THREADS, ITEMS, false>
+        <<<static_cast<unsigned>(blocks), THREADS * ROWS, shared_bytes, stream>>>(problem, args, chunked);
+  }
   check_launch("router forward kernel");
 }
 

@@ -169,6 +169,13 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The sum over lanes [0, width) of a warp (width a power of two up to 32), by an xor butterfly inside each
+// aligned group of `width` lanes: every lane of the first group gets bitwise the same sum.
+__device__ __forceinline__ float lanes_sum(float v, int width) {
+  for (int offset = width / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(full_warp, v, offset);
+  return v;
+}
+
 template <int THREADS>
 __device__ __forceinline__ float group_sum(float v, float* scratch) {
   v = warp_sum(v);

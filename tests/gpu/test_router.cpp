@@ -1,7 +1,8 @@
 // The CUDA router (SPEC section 1) against the reference backend through the C ABI: indices and counts identical
 // (the selection is decided on the same fp32 keys), scores and dlogits within SPEC 9's fp32 bounds (the storage
 // dtype's for a bf16/fp16 dlogits), over issue 3's shape table, every kind x renormalisation x dtype x index type,
-// ties, -inf masks, strided rows, the row-group shape edges; poisoned outputs; bitwise identical reruns and streams.
+// ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the row-group shape edges; poisoned
+// outputs; bitwise identical reruns and streams.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -337,6 +338,63 @@ TEST_CASE("router: row-group shape edges (E from 1 to 8192, K up to 32)", "[sani
       run_case(handles, c, static_cast<uint64_t>(4000 + n));
       ++n;
     }
+}
+
+TEST_CASE("router: 16-bit logits at every warp width of the packed selection (E = 3 to 512)", "[gpu][router]") {
+  Handles handles;
+  int64_t n = 0;
+  for (int64_t E : {3, 40, 100, 256, 300, 512})
+    for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16}) {
+      RouterCase c{129, E, std::min<int64_t>(E, n % 2 == 0 ? 8 : 32), all_kinds[n % 4], n % 3 == 1, dtype,
+                   MOEKIT_DTYPE_INT32, static_cast<Values>(n % 3), MOEKIT_DTYPE_FP32, false};
+      run_case(handles, c, static_cast<uint64_t>(8000 + n));
+      ++n;
+    }
+}
+
+// NaN, +-inf, +-0, subnormals and +-max in 16-bit logits, some rows with fewer than K selectable keys (the
+// reference fills them with the lowest excluded experts): indices and counts identical. Scores are not compared
+// (NaN or inf inputs make them NaN on both sides). The keys are the logits themselves: SIGMOID's computed keys
+// may tie within an ulp of exp, which the other cases allow for.
+TEST_CASE("router: 16-bit special values select exactly as the reference", "[gpu][router]") {
+  Handles handles;
+  int64_t n = 0;
+  for (int64_t E : {8, 33, 256, 300})
+    for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
+      for (moekit_router_kind_t kind : {MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_ROUTER_TOPK}) {
+        const int64_t T = 200, K = std::min<int64_t>(E, 8);
+        const RouterCase c{T, E, K, kind, false, dtype, MOEKIT_DTYPE_INT32, Values::random, MOEKIT_DTYPE_FP32, false};
+        std::mt19937_64 rng(9000 + static_cast<uint64_t>(n++));
+        const double tiny = dtype == MOEKIT_DTYPE_BF16 ? 1e-39 : 1e-7;  // subnormal in the dtype
+        const double big = dtype == MOEKIT_DTYPE_BF16 ? 3e38 : 65504.0;
+        const std::vector<double> specials{NAN, -NAN, -INFINITY, INFINITY, -0.0, 0.0, tiny, -tiny, big, -big, 1.0, -1.0};
+        std::uniform_int_distribution<size_t> pick(0, specials.size() - 1);
+        std::uniform_real_distribution<double> uniform(-3.0, 3.0);
+        std::uniform_int_distribution<int> style(0, 9);
+        HostTensor logits(dtype, {T, E});
+        for (int64_t t = 0; t < T; ++t) {
+          const int row_style = style(rng);  // 0: 2 selectable keys (< K), 1-4: all specials, else a third
+          for (int64_t e = 0; e < E; ++e) {
+            double v = uniform(rng);
+            if (row_style == 0) {
+              v = e == 2 || e == E - 1 ? uniform(rng) : (e % 2 == 0 ? NAN : -INFINITY);
+            } else if (row_style <= 4 || e % 3 == 0) {
+              v = specials[pick(rng)];
+            }
+            logits.set(t * E + e, v);
+          }
+        }
+        DeviceTensor d_logits(logits);
+        ForwardOut ref = reference_forward(handles, c, logits, nullptr);
+        ForwardOut out = cuda_forward(handles, c, d_logits.view(), nullptr, nullptr);
+        INFO(c.name());
+        int64_t first_row = -1;
+        for (int64_t i = 0; i < T * K && first_row < 0; ++i)
+          if (ref.indices.get(i) != out.indices.get(i)) first_row = i / K;
+        INFO("first differing row: " << first_row);
+        REQUIRE(out.indices.bytes_equal(ref.indices));
+        REQUIRE(out.counts.bytes_equal(ref.counts));
+      }
 }
 
 TEST_CASE("router: E above the kernels' limit is NOT_SUPPORTED at plan creation", "[gpu][router]") {
