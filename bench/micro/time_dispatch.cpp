@@ -19,21 +19,8 @@
 
 namespace {
 
-void check(bool ok, const char* what) {
-  if (!ok) {
-    char message[512];
-    moekit_get_last_error(message, sizeof message);
-    std::fprintf(stderr, "%s failed: %s\n", what, message);
-    std::exit(1);
-  }
-}
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using moekit_bench::check;
+using moekit_bench::device_tensor;
 
 struct Case {
   std::string name;
@@ -47,11 +34,6 @@ struct DeviceSet {
   void* tok_offsets = nullptr;
   int32_t* outputs = nullptr;  // gather_idx, pair_idx, grouped_pos back to back, then expert_offsets
 };
-
-moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
-  return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(),
-                            moekit_device_t{MOEKIT_DEVICE_CUDA, 0});
-}
 
 // The calls captured once per rotation set and replayed as graphs; empty timing (runs = 0) when capture fails.
 moekit_bench::Timing time_graphs(const std::function<void(int)>& run, int sets, cudaStream_t stream) {
@@ -70,7 +52,7 @@ moekit_bench::Timing time_graphs(const std::function<void(int)>& run, int sets, 
   moekit_bench::Timing t{0, 0, 0, 0};
   if (static_cast<int>(graphs.size()) == sets)
     t = moekit_bench::time_calls(
-        [&](int set) { check_cuda(cudaGraphLaunch(graphs[static_cast<size_t>(set)], stream), "cudaGraphLaunch"); },
+        [&](int set) { check(cudaGraphLaunch(graphs[static_cast<size_t>(set)], stream), "cudaGraphLaunch"); },
         sets, stream, 20, 200);
   else
     std::fprintf(stderr, "graph capture failed: %s\n", cudaGetErrorString(cudaGetLastError()));
@@ -105,23 +87,23 @@ std::vector<std::string> run_case(moekit_handle_t handle, const Case& c, cudaStr
   desc.max_pairs = c.general ? pairs : 0;
   desc.experts = c.experts;
   moekit_plan_t plan = nullptr;
-  check(moekit_dispatch_plan_create(handle, &desc, &plan) == MOEKIT_SUCCESS, "moekit_dispatch_plan_create");
+  check(moekit_dispatch_plan_create(handle, &desc, &plan), "moekit_dispatch_plan_create");
   size_t workspace_bytes = 0;
-  check(moekit_plan_workspace_size(plan, &workspace_bytes) == MOEKIT_SUCCESS, "moekit_plan_workspace_size");
+  check(moekit_plan_workspace_size(plan, &workspace_bytes), "moekit_plan_workspace_size");
   void* workspace = nullptr;
-  check_cuda(cudaMalloc(&workspace, workspace_bytes + 1), "cudaMalloc workspace");
+  check(cudaMalloc(&workspace, workspace_bytes + 1), "cudaMalloc workspace");
 
   size_t output_bytes = (3 * static_cast<size_t>(pairs) + static_cast<size_t>(c.experts) + 1) * 4;
   size_t set_bytes = id_bytes + output_bytes;
   int sets = moekit_bench::rotation_sets(set_bytes);
   std::vector<DeviceSet> device(static_cast<size_t>(sets));
   for (DeviceSet& d : device) {
-    check_cuda(cudaMalloc(&d.ids, id_bytes), "cudaMalloc ids");
-    check_cuda(cudaMemcpy(d.ids, ids.data(), id_bytes, cudaMemcpyHostToDevice), "upload ids");
-    check_cuda(cudaMalloc(reinterpret_cast<void**>(&d.outputs), output_bytes), "cudaMalloc outputs");
+    check(cudaMalloc(&d.ids, id_bytes), "cudaMalloc ids");
+    check(cudaMemcpy(d.ids, ids.data(), id_bytes, cudaMemcpyHostToDevice), "upload ids");
+    check(cudaMalloc(reinterpret_cast<void**>(&d.outputs), output_bytes), "cudaMalloc outputs");
     if (c.general) {
-      check_cuda(cudaMalloc(&d.tok_offsets, offsets.size() * 4), "cudaMalloc tok_offsets");
-      check_cuda(cudaMemcpy(d.tok_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
+      check(cudaMalloc(&d.tok_offsets, offsets.size() * 4), "cudaMalloc tok_offsets");
+      check(cudaMemcpy(d.tok_offsets, offsets.data(), offsets.size() * 4, cudaMemcpyHostToDevice),
                  "upload tok_offsets");
     }
   }
@@ -140,21 +122,21 @@ std::vector<std::string> run_case(moekit_handle_t handle, const Case& c, cudaStr
     args.pair_idx = device_tensor(d.outputs + pairs, MOEKIT_DTYPE_INT32, {pairs});
     args.grouped_pos = device_tensor(d.outputs + 2 * pairs, MOEKIT_DTYPE_INT32, {pairs});
     args.expert_offsets = device_tensor(d.outputs + 3 * pairs, MOEKIT_DTYPE_INT32, {c.experts + 1});
-    check(moekit_dispatch(plan, &args, workspace, workspace_bytes, stream) == MOEKIT_SUCCESS, "moekit_dispatch");
+    check(moekit_dispatch(plan, &args, workspace, workspace_bytes, stream), "moekit_dispatch");
   };
   moekit_bench::Timing t = moekit_bench::time_calls(run, sets, stream, 20, 200);
-  check_cuda(cudaStreamSynchronize(stream), "dispatch runs");
+  check(cudaStreamSynchronize(stream), "dispatch runs");
   moekit_bench::Timing graph = time_graphs(run, sets, stream);
   constexpr int kHostCalls = 200;
   auto host_start = std::chrono::steady_clock::now();
   for (int i = 0; i < kHostCalls; ++i) run(i % sets);
   double host_us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - host_start).count() / kHostCalls;
-  check_cuda(cudaStreamSynchronize(stream), "dispatch runs");
+  check(cudaStreamSynchronize(stream), "dispatch runs");
 
   // The result of the last set must be a permutation of the pairs (a cheap sanity check of the timed calls).
   std::vector<int32_t> out(3 * static_cast<size_t>(pairs) + static_cast<size_t>(c.experts) + 1);
-  check_cuda(cudaMemcpy(out.data(), device.back().outputs, output_bytes, cudaMemcpyDeviceToHost), "download");
+  check(cudaMemcpy(out.data(), device.back().outputs, output_bytes, cudaMemcpyDeviceToHost), "download");
   bool ok = out[3 * static_cast<size_t>(pairs) + static_cast<size_t>(c.experts)] == pairs;
   for (int64_t i = 0; ok && i < pairs; ++i) {
     int64_t p = out[static_cast<size_t>(pairs + i)];
@@ -192,11 +174,11 @@ int main() {
   moekit_handle_desc_init(&hdesc);
   hdesc.backend = MOEKIT_BACKEND_CUDA;
   moekit_handle_t handle = nullptr;
-  check(moekit_handle_create(&hdesc, &handle) == MOEKIT_SUCCESS, "moekit_handle_create");
+  check(moekit_handle_create(&hdesc, &handle), "moekit_handle_create");
   cudaStream_t stream = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   double copy_tbps = moekit_bench::measured_copy_tbps(size_t{256} << 20, stream);
 
   const Case cases[] = {
@@ -213,10 +195,10 @@ int main() {
 
   // The floor: three dependent 4-byte memsets, the launch cost of a three-kernel chain on this stream.
   void* tiny = nullptr;
-  check_cuda(cudaMalloc(&tiny, 16), "cudaMalloc");
+  check(cudaMalloc(&tiny, 16), "cudaMalloc");
   moekit_bench::Timing floor = moekit_bench::time_calls(
       [&](int) {
-        for (int i = 0; i < 3; ++i) check_cuda(cudaMemsetAsync(tiny, i, 4, stream), "cudaMemsetAsync");
+        for (int i = 0; i < 3; ++i) check(cudaMemsetAsync(tiny, i, 4, stream), "cudaMemsetAsync");
       },
       1, stream, 20, 200);
   cudaFree(tiny);

@@ -18,32 +18,14 @@
 
 namespace {
 
-void check(moekit_status_t status, const char* what) {
-  if (status != MOEKIT_SUCCESS) {
-    char message[512];
-    moekit_get_last_error(message, sizeof message);
-    std::fprintf(stderr, "%s failed: %s\n", what, message);
-    std::exit(1);
-  }
-}
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
+using moekit_bench::check;
+using moekit_bench::device_tensor;
 
 void check_cublas(cublasStatus_t status, const char* what) {
   if (status != CUBLAS_STATUS_SUCCESS) {
     std::fprintf(stderr, "%s: %s\n", what, cublasLtGetStatusString(status));
     std::exit(1);
   }
-}
-
-moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
-  return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(),
-                            moekit_device_t{MOEKIT_DEVICE_CUDA, 0});
 }
 
 constexpr double kPeakTflops = 790.0;
@@ -94,11 +76,11 @@ std::string time_select(moekit_handle_t handle, const Case& c, const std::vector
   int32_t* groups = nullptr;
   int32_t* counts = nullptr;
   float* bias = nullptr;
-  check_cuda(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
-  check_cuda(cudaMalloc(&groups, static_cast<size_t>(c.tokens * c.top_groups()) * 4), "cudaMalloc groups");
-  check_cuda(cudaMalloc(&counts, static_cast<size_t>(c.groups()) * 4), "cudaMalloc counts");
-  check_cuda(cudaMalloc(&bias, static_cast<size_t>(c.groups()) * 4), "cudaMalloc bias");
-  check_cuda(cudaMemset(bias, 0, static_cast<size_t>(c.groups()) * 4), "cudaMemset bias");
+  check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc workspace");
+  check(cudaMalloc(&groups, static_cast<size_t>(c.tokens * c.top_groups()) * 4), "cudaMalloc groups");
+  check(cudaMalloc(&counts, static_cast<size_t>(c.groups()) * 4), "cudaMalloc counts");
+  check(cudaMalloc(&bias, static_cast<size_t>(c.groups()) * 4), "cudaMalloc bias");
+  check(cudaMemset(bias, 0, static_cast<size_t>(c.groups()) * 4), "cudaMemset bias");
 
   auto call = [&](int set) {
     moekit_group_select_args_t args;
@@ -113,10 +95,10 @@ std::string time_select(moekit_handle_t handle, const Case& c, const std::vector
     check(moekit_group_select(plan, &args, workspace, workspace_bytes, stream), "moekit_group_select");
   };
   const moekit_bench::Timing t = moekit_bench::time_calls(call, static_cast<int>(x.size()), stream, 10, 100);
-  check_cuda(cudaStreamSynchronize(stream), "timed runs");
+  check(cudaStreamSynchronize(stream), "timed runs");
 
   std::vector<int32_t> host(static_cast<size_t>(c.groups()));
-  check_cuda(cudaMemcpy(host.data(), counts, host.size() * 4, cudaMemcpyDeviceToHost), "download counts");
+  check(cudaMemcpy(host.data(), counts, host.size() * 4, cudaMemcpyDeviceToHost), "download counts");
   int64_t total = 0;
   for (int32_t n : host) total += n;
   const bool ok = !with_counts || total == c.tokens * c.top_groups();
@@ -142,8 +124,8 @@ std::string time_gemm(cublasLtHandle_t handle, const Case& c, const std::vector<
   void* pre = nullptr;
   void* workspace = nullptr;
   const size_t workspace_bytes = size_t{4} << 20;
-  check_cuda(cudaMalloc(&pre, static_cast<size_t>(T * R) * 2), "cudaMalloc pre");
-  check_cuda(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc gemm workspace");
+  check(cudaMalloc(&pre, static_cast<size_t>(T * R) * 2), "cudaMalloc pre");
+  check(cudaMalloc(&workspace, workspace_bytes), "cudaMalloc gemm workspace");
   cublasLtMatmulDescOpaque_t op;
   cublasLtMatrixLayoutOpaque_t a, b, d;
   check_cublas(cublasLtMatmulDescInit(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "matmul desc");
@@ -187,7 +169,7 @@ std::string time_gemm(cublasLtHandle_t handle, const Case& c, const std::vector<
                  "cublasLtMatmul");
   };
   const moekit_bench::Timing t = moekit_bench::time_calls(call, static_cast<int>(x.size()), stream, 10, 100);
-  check_cuda(cudaStreamSynchronize(stream), "timed GEMMs");
+  check(cudaStreamSynchronize(stream), "timed GEMMs");
   cudaFree(pre);
   cudaFree(workspace);
   const double bytes = static_cast<double>(T * D * 2 + R * D * 2 + T * R * 2);
@@ -205,9 +187,9 @@ int main() {
   cublasLtHandle_t lt = nullptr;
   check_cublas(cublasLtCreate(&lt), "cublasLtCreate");
   cudaStream_t stream = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const double copy_tbps = moekit_bench::measured_copy_tbps(size_t{256} << 20, stream);
 
   std::vector<std::string> rows;
@@ -218,18 +200,18 @@ int main() {
       const int sets = moekit_bench::rotation_sets(x_bytes);
       std::vector<void*> x(static_cast<size_t>(sets));
       for (size_t i = 0; i < x.size(); ++i) {
-        check_cuda(cudaMalloc(&x[i], x_bytes), "cudaMalloc x");
+        check(cudaMalloc(&x[i], x_bytes), "cudaMalloc x");
         moekit_bench::fill_random_bf16(x[i], static_cast<size_t>(tokens * d_model), 1.0f, 11 + i);
       }
       void* w_gate = nullptr;
-      check_cuda(cudaMalloc(&w_gate, static_cast<size_t>(d_ff * d_model) * 2), "cudaMalloc w_gate");
+      check(cudaMalloc(&w_gate, static_cast<size_t>(d_ff * d_model) * 2), "cudaMalloc w_gate");
       moekit_bench::fill_random_bf16(w_gate, static_cast<size_t>(d_ff * d_model), 0.1f, 5);
       const int64_t groups = d_ff / group_size, spg = 8;
       std::vector<int32_t> host_rows(static_cast<size_t>(groups * spg));
       check(moekit_subsample_rows(1234, groups, group_size, spg, host_rows.data()), "moekit_subsample_rows");
       int32_t* rows_device = nullptr;
-      check_cuda(cudaMalloc(&rows_device, host_rows.size() * 4), "cudaMalloc rows");
-      check_cuda(cudaMemcpy(rows_device, host_rows.data(), host_rows.size() * 4, cudaMemcpyHostToDevice), "rows");
+      check(cudaMalloc(&rows_device, host_rows.size() * 4), "cudaMalloc rows");
+      check(cudaMemcpy(rows_device, host_rows.data(), host_rows.size() * 4, cudaMemcpyHostToDevice), "rows");
 
       for (int64_t subsample : {int64_t{0}, spg}) {
         const Case c{tokens, d_model, d_ff, group_size, subsample};

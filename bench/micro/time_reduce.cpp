@@ -28,18 +28,6 @@ namespace {
 constexpr int64_t kTokens = 32768, kTopK = 8, kExperts = 128, kHidden = 4096, kGatedWidth = 2048;
 constexpr int64_t kPairs = kTokens * kTopK;
 
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
-
-void check(moekit_status_t status, const char* what) {
-  if (status != MOEKIT_SUCCESS) {
-    char message[512];
-    moekit_get_last_error(message, sizeof message);
-    throw std::runtime_error(std::string(what) + ": " + moekit_status_string(status) + ": " + message);
-  }
-}
-
 struct DeviceMemory {
   void* data = nullptr;
   explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&data, std::max<size_t>(bytes, 1)), "cudaMalloc"); }

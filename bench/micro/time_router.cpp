@@ -17,26 +17,8 @@
 
 namespace {
 
-void check(moekit_status_t status, const char* what) {
-  if (status != MOEKIT_SUCCESS) {
-    char message[512];
-    moekit_get_last_error(message, sizeof message);
-    std::fprintf(stderr, "%s failed: %s\n", what, message);
-    std::exit(1);
-  }
-}
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
-  return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(),
-                            moekit_device_t{MOEKIT_DEVICE_CUDA, 0});
-}
+using moekit_bench::check;
+using moekit_bench::device_tensor;
 
 struct Case {
   std::string name;
@@ -73,7 +55,7 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   size_t workspace_bytes = 0;
   check(moekit_plan_workspace_size(plan, &workspace_bytes), "moekit_plan_workspace_size");
   void* workspace = nullptr;
-  check_cuda(cudaMalloc(&workspace, workspace_bytes + 1), "cudaMalloc workspace");
+  check(cudaMalloc(&workspace, workspace_bytes + 1), "cudaMalloc workspace");
 
   const size_t logits_bytes = static_cast<size_t>(T * E) * 2;
   const size_t pair_bytes = static_cast<size_t>(T * K) * 4;
@@ -91,14 +73,14 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   std::vector<DeviceSet> device(static_cast<size_t>(sets));
   for (size_t i = 0; i < device.size(); ++i) {
     DeviceSet& d = device[i];
-    check_cuda(cudaMalloc(&d.logits, logits_bytes), "cudaMalloc logits");
+    check(cudaMalloc(&d.logits, logits_bytes), "cudaMalloc logits");
     moekit_bench::fill_random_bf16(d.logits, static_cast<size_t>(T * E), 3.0f, 17 + i);
-    check_cuda(cudaMalloc(&d.bias, static_cast<size_t>(E) * 4), "cudaMalloc bias");
-    check_cuda(cudaMemset(d.bias, 0, static_cast<size_t>(E) * 4), "cudaMemset bias");
-    check_cuda(cudaMalloc(&d.scores, pair_bytes), "cudaMalloc scores");
-    check_cuda(cudaMalloc(&d.indices, pair_bytes), "cudaMalloc indices");
-    check_cuda(cudaMalloc(&d.counts, static_cast<size_t>(E) * 4), "cudaMalloc counts");
-    if (c.backward) check_cuda(cudaMalloc(&d.dlogits, dlogits_bytes), "cudaMalloc dlogits");
+    check(cudaMalloc(&d.bias, static_cast<size_t>(E) * 4), "cudaMalloc bias");
+    check(cudaMemset(d.bias, 0, static_cast<size_t>(E) * 4), "cudaMemset bias");
+    check(cudaMalloc(&d.scores, pair_bytes), "cudaMalloc scores");
+    check(cudaMalloc(&d.indices, pair_bytes), "cudaMalloc indices");
+    check(cudaMalloc(&d.counts, static_cast<size_t>(E) * 4), "cudaMalloc counts");
+    if (c.backward) check(cudaMalloc(&d.dlogits, dlogits_bytes), "cudaMalloc dlogits");
   }
 
   auto forward = [&](DeviceSet& d) {
@@ -123,7 +105,7 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
   // The backward's indices are the forward's; its dscores are the forward's scores.
   if (c.backward)
     for (DeviceSet& d : device) forward(d);
-  check_cuda(cudaStreamSynchronize(stream), "set-up");
+  check(cudaStreamSynchronize(stream), "set-up");
   auto call = [&](int set) {
     DeviceSet& d = device[static_cast<size_t>(set)];
     if (c.backward) {
@@ -138,12 +120,12 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
     t = moekit_bench::time_calls(call, sets, stream, 20, 200);
   } else {
     cudaGraph_t graph = nullptr;
-    check_cuda(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
     for (int s = 0; s < sets; ++s) call(s);
-    check_cuda(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
+    check(cudaStreamEndCapture(stream, &graph), "cudaStreamEndCapture");
     cudaGraphExec_t exec = nullptr;
-    check_cuda(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
-    t = moekit_bench::time_calls([&](int) { check_cuda(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }, 1,
+    check(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+    t = moekit_bench::time_calls([&](int) { check(cudaGraphLaunch(exec, stream), "cudaGraphLaunch"); }, 1,
                                  stream, 5, 50);
     t.median_us /= sets;
     t.min_us /= sets;
@@ -151,13 +133,13 @@ std::string run_case(moekit_handle_t handle, const Case& c, cudaStream_t stream,
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }
-  check_cuda(cudaStreamSynchronize(stream), "timed runs");
+  check(cudaStreamSynchronize(stream), "timed runs");
 
   // A sanity check of the timed calls: the forward's counts sum to T*K.
   bool ok = true;
   if (!c.backward && c.counts) {
     std::vector<int32_t> counts(static_cast<size_t>(E));
-    check_cuda(cudaMemcpy(counts.data(), device.back().counts, counts.size() * 4, cudaMemcpyDeviceToHost),
+    check(cudaMemcpy(counts.data(), device.back().counts, counts.size() * 4, cudaMemcpyDeviceToHost),
                "download counts");
     int64_t total = 0;
     for (int32_t n : counts) total += n;
@@ -191,9 +173,9 @@ int main() {
   moekit_handle_t handle = nullptr;
   check(moekit_handle_create(&hdesc, &handle), "moekit_handle_create");
   cudaStream_t stream = nullptr;
-  check_cuda(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   cudaDeviceProp prop{};
-  check_cuda(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  check(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const double copy_tbps = moekit_bench::measured_copy_tbps(size_t{256} << 20, stream);
 
   const moekit_dtype_t fp32 = MOEKIT_DTYPE_FP32, bf16 = MOEKIT_DTYPE_BF16;

@@ -4,18 +4,31 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <random>
-#include <stdexcept>
 
 #include "numeric.h"
 
 namespace moekit_bench {
 
-namespace {
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+void check(moekit_status_t status, const char* what) {
+  if (status == MOEKIT_SUCCESS) return;
+  char message[512];
+  moekit_get_last_error(message, sizeof message);
+  std::fprintf(stderr, "%s failed: %s: %s\n", what, moekit_status_string(status), message);
+  std::exit(1);
 }
-}  // namespace
+
+void check(cudaError_t status, const char* what) {
+  if (status == cudaSuccess) return;
+  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+  std::exit(1);
+}
+
+moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
+  return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(),
+                            moekit_device_t{MOEKIT_DEVICE_CUDA, 0});
+}
 
 Timing time_calls(const std::function<void(int)>& run, int sets, void* stream_ptr, int warmup, int runs) {
   cudaStream_t stream = static_cast<cudaStream_t>(stream_ptr);

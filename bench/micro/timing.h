@@ -2,12 +2,25 @@
 // runs, and `sets` copies of the inputs rotated so no call finds the previous call's data in L2.
 #pragma once
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "moekit/moekit.h"
+
 namespace moekit_bench {
+
+// A timing program has nothing to recover: these print what failed (the library's last error, or the CUDA error
+// text) and exit the process with status 1 unless the call succeeded.
+void check(moekit_status_t status, const char* what);
+void check(cudaError_t status, const char* what);
+
+// A contiguous view of device memory on CUDA device 0.
+moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape);
 
 struct Timing {
   double median_us;
