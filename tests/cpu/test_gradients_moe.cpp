@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/finite_difference.h"
 #include "common/test_util.h"
 
 namespace {
@@ -24,14 +25,13 @@ using moekit_test::HostTensor;
 using moekit_test::AlignedBuffer;
 using moekit_test::ReferenceHandle;
 using moekit_test::max_abs;
-using moekit_test::rms;
+using moekit_test::pick_entries;
+using moekit_test::FdResult;
+using moekit_test::central_differences;
+using moekit_test::check_fd_result;
 
 constexpr double kSelectionMargin = 1e-3;  // smallest gap between consecutive router keys down to the (K+1)-th
 constexpr double kKinkMargin = 1e-3;       // smallest distance of a pre-activation from a kink
-// Central-difference step relative to the entry's scale: measured on these cases, 1e-5 balances the truncation
-// error (step^2) and the roundoff of the loss (ulp / step) about ten times better than 1e-6.
-constexpr double kRelativeStep = 1e-5;
-constexpr double kRelativeTolerance = 1e-6;
 constexpr int64_t kEntriesPerTensor = 128;  // every entry of a smaller tensor, a random subset of a larger one
 
 bool is_gated(int32_t activation) { return activation < MOEKIT_ACT_GELU; }
@@ -323,60 +323,6 @@ class MoeProblem {
   HostTensor base_indices_;
 };
 
-// `count` distinct entries of 0..n-1 drawn at random (all of them when n <= count).
-std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng) {
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), 0);
-  if (n <= count) return all;
-  for (int64_t i = 0; i < count; ++i) {
-    std::uniform_int_distribution<int64_t> pick(i, n - 1);
-    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(pick(rng))]);
-  }
-  all.resize(static_cast<size_t>(count));
-  return all;
-}
-
-// Central differences of problem.loss() with respect to `entries` of `param`, against `grad`. The error of an entry
-// is |fd - analytic| / (|analytic| + 1e-2 max|grad|): relative where the gradient is significant, and measured
-// against the tensor's scale where it is (nearly) zero, e.g. behind a clamp.
-struct FdResult {
-  double worst_error = 0;
-  int64_t worst_entry = -1;
-  double worst_fd = 0, worst_analytic = 0;
-  bool analytic_finite = true;
-};
-
-template <class Problem>
-FdResult central_differences(Problem& problem, HostTensor& param, const HostTensor& grad,
-                             const std::vector<int64_t>& entries) {
-  FdResult result;
-  double grad_scale = max_abs(grad);
-  double param_scale = rms(param);
-  for (int64_t i = 0; i < grad.numel(); ++i) {
-    if (!std::isfinite(grad.get(i))) result.analytic_finite = false;
-  }
-  for (int64_t i : entries) {
-    double v = param.get(i);
-    double step = kRelativeStep * std::max(std::abs(v), param_scale);
-    double plus = v + step, minus = v - step;
-    param.set(i, plus);
-    double loss_plus = problem.loss();
-    param.set(i, minus);
-    double loss_minus = problem.loss();
-    param.set(i, v);
-    double fd = (loss_plus - loss_minus) / (plus - minus);
-    double analytic = grad.get(i);
-    double error = std::abs(fd - analytic) / (std::abs(analytic) + 1e-2 * grad_scale);
-    if (!(error <= result.worst_error)) {
-      result.worst_error = error;
-      result.worst_entry = i;
-      result.worst_fd = fd;
-      result.worst_analytic = analytic;
-    }
-  }
-  return result;
-}
-
 std::string describe(const MoeCase& c) {
   std::ostringstream s;
   s << c.name << " (act " << c.activation << ", layout " << c.glu_layout << ", router " << c.router << ", renorm "
@@ -398,12 +344,7 @@ void check_gradients(const MoeCase& c, uint64_t seed) {
   for (size_t i = 0; i < params.size(); ++i) {
     std::vector<int64_t> entries = pick_entries(params[i]->numel(), kEntriesPerTensor, rng);
     FdResult r = central_differences(problem, *params[i], *grad_list[i], entries);
-    INFO("d loss / d " << names[i] << ": worst entry " << r.worst_entry << ", finite difference " << r.worst_fd
-                       << ", analytic " << r.worst_analytic << ", error " << r.worst_error);
-    CHECK(r.analytic_finite);
-    CHECK(r.worst_error <= kRelativeTolerance);
-    // A gradient that is zero everywhere would pass the relative check trivially on zero differences.
-    CHECK(max_abs(*grad_list[i]) > 0);
+    check_fd_result(names[i], r, *grad_list[i]);
   }
   CHECK(problem.selection_changes == 0);
 }

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "common/finite_difference.h"
 #include "common/test_util.h"
 
 namespace {
@@ -24,11 +25,12 @@ using moekit_test::HostTensor;
 using moekit_test::AlignedBuffer;
 using moekit_test::ReferenceHandle;
 using moekit_test::max_abs;
-using moekit_test::rms;
+using moekit_test::pick_entries;
+using moekit_test::FdResult;
+using moekit_test::central_differences;
+using moekit_test::check_fd_result;
 
 constexpr double kEnergyMargin = 1e-3;  // smallest relative gap between consecutive energies down to the (kg+1)-th
-constexpr double kRelativeStep = 1e-5;  // as in test_gradients_moe.cpp
-constexpr double kRelativeTolerance = 1e-6;
 constexpr int64_t kEntriesPerTensor = 128;  // per weight tensor: 96 of selected groups, 32 of the others
 
 struct FfnCase {
@@ -245,60 +247,9 @@ class FfnProblem {
   std::set<int64_t> selected_;
 };
 
-// `count` distinct entries of 0..n-1 drawn at random (all of them when n <= count).
-std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng) {
-  std::vector<int64_t> all(static_cast<size_t>(n));
-  std::iota(all.begin(), all.end(), 0);
-  if (n <= count) return all;
-  for (int64_t i = 0; i < count; ++i) {
-    std::uniform_int_distribution<int64_t> pick(i, n - 1);
-    std::swap(all[static_cast<size_t>(i)], all[static_cast<size_t>(pick(rng))]);
-  }
-  all.resize(static_cast<size_t>(count));
-  return all;
-}
-
 // The neuron (row of Wg/Wu, column of Wd) an entry of a weight tensor belongs to.
 int64_t neuron_of(int which, int64_t entry, const FfnCase& c) {
   return which == 3 ? entry % c.d_ff : entry / c.d_model;
-}
-
-struct FdResult {
-  double worst_error = 0;
-  int64_t worst_entry = -1;
-  double worst_fd = 0, worst_analytic = 0;
-  bool analytic_finite = true;
-};
-
-// As in test_gradients_moe.cpp: error = |fd - analytic| / (|analytic| + 1e-2 max|grad|).
-FdResult central_differences(FfnProblem& problem, HostTensor& param, const HostTensor& grad,
-                             const std::vector<int64_t>& entries) {
-  FdResult result;
-  double grad_scale = max_abs(grad);
-  double param_scale = rms(param);
-  for (int64_t i = 0; i < grad.numel(); ++i) {
-    if (!std::isfinite(grad.get(i))) result.analytic_finite = false;
-  }
-  for (int64_t i : entries) {
-    double v = param.get(i);
-    double step = kRelativeStep * std::max(std::abs(v), param_scale);
-    double plus = v + step, minus = v - step;
-    param.set(i, plus);
-    double loss_plus = problem.loss();
-    param.set(i, minus);
-    double loss_minus = problem.loss();
-    param.set(i, v);
-    double fd = (loss_plus - loss_minus) / (plus - minus);
-    double analytic = grad.get(i);
-    double error = std::abs(fd - analytic) / (std::abs(analytic) + 1e-2 * grad_scale);
-    if (!(error <= result.worst_error)) {
-      result.worst_error = error;
-      result.worst_entry = i;
-      result.worst_fd = fd;
-      result.worst_analytic = analytic;
-    }
-  }
-  return result;
 }
 
 std::string describe(const FfnCase& c) {
@@ -338,11 +289,7 @@ void check_gradients(const FfnCase& c, uint64_t seed) {
       }
     }
     FdResult r = central_differences(problem, *params[which], *grad_list[which], entries);
-    INFO("d loss / d " << kNames[which] << ": worst entry " << r.worst_entry << ", finite difference " << r.worst_fd
-                       << ", analytic " << r.worst_analytic << ", error " << r.worst_error);
-    CHECK(r.analytic_finite);
-    CHECK(r.worst_error <= kRelativeTolerance);
-    CHECK(max_abs(*grad_list[which]) > 0);
+    check_fd_result(kNames[which], r, *grad_list[which]);
   }
   CHECK(problem.selection_changes == 0);
 }
