@@ -1,11 +1,13 @@
 // Top-K selection over one token row of 16-bit logits (bf16, fp16) held by a warp, with one warp max per round.
 //
 // A 16-bit key has 16 significant bits, so its order code and its expert fit one 32-bit word:
-//   word = (order code of the 16-bit value << 16) | (0xFFFF - expert)
+//   word = (order code of the 16-bit value << 16) + (0xFFFF - expert)
 // Words compare like (key, then lower expert first), the selection order of SPEC 1, so the warp's largest word is
-// the round's winner and its tie-break at once. Codes as in row_group.cuh: 0 for a slot past E (the word 0),
-// 1 for -inf or NaN (excluded: chosen only when no real key remains, the lowest expert first); -0 codes as +0.
-// Every real key codes to at least 0x0080 (bf16) / 0x0400 (fp16).
+// the round's winner and its tie-break at once. The order code is the value's two's complement (sign-magnitude
+// bits turned into a signed integer, so -0 meets +0) offset so that +inf codes to 0xFFFF; the keys never chosen
+// while a real key remains (-inf and NaN of either sign) then wrap to or below one floor code and are clamped to
+// it, so among themselves they order by the lowest expert only. A slot past E loads the bits 0xFFFF (a NaN): it is
+// excluded and its expert is above every real one, so with K <= E it is never chosen.
 //
 // Each lane sorts its words descending once, so its best is always its first word; a round takes the warp max
 // of the lanes' first words (redux.sync), and the one lane that holds it shifts its list by one.
@@ -26,59 +28,94 @@ inline namespace v0 {
 namespace cuda {
 namespace routing {
 
-// The fp32 value of a 16-bit logit's bits.
+// The fp32 value of a 16-bit logit's bits (the low half of `bits`).
 template <class T>
-__device__ __forceinline__ float value_of_bits(unsigned short bits) {
+__device__ __forceinline__ float value_of_bits(unsigned bits) {
   static_assert(sizeof(T) == 2, "packed selection takes 16-bit logits");
   if constexpr (std::is_same<T, __half>::value) {
-    return __half2float(__ushort_as_half(bits));
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(bits)));
   } else {
-    return __uint_as_float(static_cast<unsigned>(bits) << 16);
+    return __uint_as_float(bits << 16);
   }
 }
 
+// The packed word of a 16-bit logit's bits (in the low half of `bits`) held by the expert whose complement
+// 0xFFFF - expert is `complement`. Integer logic only, no branch.
 template <class T>
-__device__ __forceinline__ unsigned packed_word(unsigned short bits, int expert) {
-  const float value = value_of_bits<T>(bits);
-  // Negative values order reversed by their bits, positive ones above every negative one.
-  unsigned code = bits ^ ((bits & 0x8000u) ? 0xFFFFu : 0x8000u);
-  if (value == 0.0f) code = 0x8000u;                   // -0 ties with +0
-  if (!(value > -INFINITY)) code = excluded_code;      // -inf or NaN
-  return (code << 16) | (0xFFFFu - static_cast<unsigned>(expert));
+__device__ __forceinline__ unsigned packed_word(unsigned bits, unsigned complement) {
+  constexpr unsigned inf = std::is_same<T, __half>::value ? 0x7C00u : 0x7F80u;  // the bits of +inf
+  const unsigned magnitude = bits & 0x7FFFu;
+  const unsigned negative = 0u - (bits >> 15);  // all ones for a negative sign
+  // (+-magnitude + 0xFFFF - inf) mod 2^16: real keys land in [0x10000 - 2 inf, 0xFFFF] in value order, -inf on
+  // 0xFFFF - 2 inf, and NaNs of either sign at or below it.
+  const unsigned rotated = ((magnitude ^ negative) - negative + (0xFFFFu - inf)) << 16;
+  constexpr unsigned floor = (0xFFFFu - 2 * inf) << 16;
+  return max(rotated, floor) + complement;
 }
 
 // The expert of a packed word.
 __device__ __forceinline__ int expert_of_word(unsigned word) { return static_cast<int>(0xFFFFu - (word & 0xFFFFu)); }
 
-// A thread's 16-bit logits of one row, as raw bits, in the row-group layout of row_group.cuh (slots past E: 0).
+// A thread's 16-bit logits of one row, two to a register: slot s in the bits 16 * (s % 2) of raw[s / 2], in the
+// row-group layout of row_group.cuh; slots past E hold 0xFFFF. Registers, not shorts, so a row can be loaded one
+// row ahead at the cost of ITEMS / 2 registers.
+template <int ITEMS>
+struct RowBits {
+  unsigned raw[(ITEMS + 1) / 2];
+
+  __device__ __forceinline__ unsigned slot(int s) const { return (raw[s / 2] >> (16 * (s % 2))) & 0xFFFFu; }
+};
+
+// Unpacking a chunk's vector into RowBits registers, and the chunk a slot past E reads as.
+__device__ __forceinline__ void unpack_raw(uint4 v, unsigned* out) {
+  out[0] = v.x;
+  out[1] = v.y;
+  out[2] = v.z;
+  out[3] = v.w;
+}
+__device__ __forceinline__ void unpack_raw(uint2 v, unsigned* out) {
+  out[0] = v.x;
+  out[1] = v.y;
+}
+__device__ __forceinline__ void unpack_raw(unsigned v, unsigned* out) { out[0] = v; }
+__device__ __forceinline__ void unpack_raw(unsigned short v, unsigned* out) { out[0] = 0xFFFF0000u | v; }
+__device__ __forceinline__ void set_all_ones(uint4& v) { v = make_uint4(~0u, ~0u, ~0u, ~0u); }
+__device__ __forceinline__ void set_all_ones(uint2& v) { v = make_uint2(~0u, ~0u); }
+__device__ __forceinline__ void set_all_ones(unsigned& v) { v = ~0u; }
+__device__ __forceinline__ void set_all_ones(unsigned short& v) { v = 0xFFFFu; }
+
 template <int THREADS,
           int ITEMS,
           int CHUNK>
 __device__ __forceinline__ void load_row_bits(const unsigned short* row, int experts, int lane, bool chunked,
-                                              unsigned short (&bits)[ITEMS]) {
+                                              RowBits<ITEMS>& bits) {
   static_assert(ITEMS % CHUNK == 0, "a thread's share of a row is a whole number of chunks");
   if (chunked) {
     constexpr int bytes = 2 * CHUNK;
     constexpr int granule = bytes < 16 ? bytes : 16;
-    constexpr int per_granule = granule / 2;
+    constexpr int words_per_granule = granule < 4 ? 1 : granule / 4;
     using Raw = typename RawBytes<granule>::type;
 #pragma unroll
     for (int c = 0; c < ITEMS / CHUNK; ++c) {
       const int e = element_of<THREADS, CHUNK>(c * CHUNK, lane, true);
 #pragma unroll
       for (int g = 0; g < bytes / granule; ++g) {
-        Raw raw{};
-        if (e < experts) raw = reinterpret_cast<const Raw*>(row + e)[g];
-        const unsigned short* values = reinterpret_cast<const unsigned short*>(&raw);
-#pragma unroll
-        for (int j = 0; j < per_granule; ++j) bits[c * CHUNK + g * per_granule + j] = values[j];
+        Raw raw;
+        if (e < experts) {
+          raw = reinterpret_cast<const Raw*>(row + e)[g];
+        } else {
+          set_all_ones(raw);
+        }
+        unpack_raw(raw, &bits.raw[c * CHUNK / 2 + g * words_per_granule]);
       }
     }
   } else {
 #pragma unroll
+    for (int w = 0; w < (ITEMS + 1) / 2; ++w) bits.raw[w] = 0xFFFFFFFFu;
+#pragma unroll
     for (int s = 0; s < ITEMS; ++s) {
       const int e = element_of<THREADS, CHUNK>(s, lane, false);
-      bits[s] = e < experts ? row[e] : 0;
+      if (e < experts) bits.raw[s / 2] ^= (0xFFFFu ^ row[e]) << (16 * (s % 2));
     }
   }
 }

@@ -144,30 +144,39 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
     __syncthreads();
   }
 
+  // The packed path loads each row one row ahead, so the next row's load is in flight while this one selects.
+  RowBits<PACKED ? ITEMS : 1> next;
+  const int64_t first_row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / THREADS;
+  const int64_t row_step = static_cast<int64_t>(gridDim.x) * ROWS;
+  if constexpr (PACKED) {
+    if (first_row < problem.tokens)
+      load_row_bits<THREADS, ITEMS, CHUNK>(
+          reinterpret_cast<const unsigned short*>(static_cast<const T*>(args.logits) + first_row * args.logits_stride),
+          experts, lane, chunked, next);
+  }
+
   // NOTE: no thread leaves early: the block synchronises before writing its counts. The rows of a block-sized
   // group are the same for all its threads, so its __syncthreads are reached by all.
-  for (int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + threadIdx.x / THREADS; row < problem.tokens;
-       row += static_cast<int64_t>(gridDim.x) * ROWS) {
+  for (int64_t row = first_row; row < problem.tokens; row += row_step) {
     const T* logits = static_cast<const T*>(args.logits) + row * args.logits_stride;  // [E]
     float row_max = 0.0f, row_sum = 1.0f;  // TOPK_SOFTMAX scores need the softmax denominator over all E
     int selected;                          // lane k < K of each warp: the k-th winner
     if constexpr (PACKED) {
-      unsigned short bits[ITEMS];
-      load_row_bits<THREADS, ITEMS, CHUNK>(reinterpret_cast<const unsigned short*>(logits), experts, lane, chunked,
-                                           bits);
+      const RowBits<ITEMS> bits = next;
+      if (row + row_step < problem.tokens)
+        load_row_bits<THREADS, ITEMS, CHUNK>(reinterpret_cast<const unsigned short*>(logits + row_step * args.logits_stride),
+                                             experts, lane, chunked, next);
       if (problem.kind == MOEKIT_ROUTER_TOPK_SOFTMAX) {
         float x[ITEMS];
 #pragma unroll
         for (int s = 0; s < ITEMS; ++s)
-          x[s] = element_of<THREADS, CHUNK>(s, lane, chunked) < experts ? value_of_bits<T>(bits[s]) : -INFINITY;
+          x[s] = element_of<THREADS, CHUNK>(s, lane, chunked) < experts ? value_of_bits<T>(bits.slot(s)) : -INFINITY;
         softmax_denominator<THREADS, ITEMS>(x, scratch, row_max, row_sum);
       }
       unsigned words[ITEMS];
 #pragma unroll
-      for (int s = 0; s < ITEMS; ++s) {
-        const int e = element_of<THREADS, CHUNK>(s, lane, chunked);
-        words[s] = e < experts ? packed_word<T>(bits[s], e) : 0u;
-      }
+      for (int s = 0; s < ITEMS; ++s)
+        words[s] = packed_word<T>(bits.slot(s), 0xFFFFu - static_cast<unsigned>(element_of<THREADS, CHUNK>(s, lane, chunked)));
       sort_descending<ITEMS>(words);
       selected = expert_of_word(select_packed<ITEMS>(words, top_k, warp_lane));
     } else {
