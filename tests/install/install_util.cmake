@@ -1,0 +1,32 @@
+# Shared by the install-tree test scripts: run a command, fail the test with its output when it fails.
+
+# run_checked(<description> COMMAND <argv>... [OUTPUT_VARIABLE <var>])
+function(run_checked description)
+  cmake_parse_arguments(PARSE_ARGV 1 arg "" "OUTPUT_VARIABLE" "COMMAND")
+  execute_process(COMMAND ${arg_COMMAND} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT status EQUAL 0)
+    list(JOIN arg_COMMAND " " command_line)
+    message(FATAL_ERROR "${description} failed (${status}):\n${command_line}\n${out}${err}")
+  endif()
+  if(arg_OUTPUT_VARIABLE)
+    set(${arg_OUTPUT_VARIABLE} "${out}" PARENT_SCOPE)
+  endif()
+  message(STATUS "${description}: ok")
+endfunction()
+
+# expect_linkage(<program> <readelf> <shared|static>): the program needs libmoekit.so at run time (shared) or
+# does not (static), read from its DT_NEEDED entries. Not checked without readelf.
+function(expect_linkage program readelf kind)
+  if(NOT readelf)
+    return()
+  endif()
+  run_checked("readelf -d ${program}" COMMAND "${readelf}" -d "${program}" OUTPUT_VARIABLE dynamic)
+  if(dynamic MATCHES "NEEDED[^\n]*\\[libmoekit\\.so")
+    set(linked shared)
+  else()
+    set(linked static)
+  endif()
+  if(NOT linked STREQUAL kind)
+    message(FATAL_ERROR "${program} links moekit ${linked}, expected ${kind}:\n${dynamic}")
+  endif()
+endfunction()
