@@ -64,12 +64,14 @@ __device__ __forceinline__ void softmax_denominator(const float (&x)[ITEMS], flo
 }
 
 // The 32-bit-key selection (fp32 logits, the SIGMOID kind, rows wider than a warp): K rounds over the threads'
-// order codes; returns, in lane k of every warp, the k-th winner.
+// order codes; returns, in lane k of every warp, the k-th winner. Rows wider than a warp pass each round's warp
+// bests through round_best[phase], and `phase` alternates over every round of every row: a buffer is rewritten
+// only after the barrier of the round that follows its reads, also when a row's round count is odd.
 template <int THREADS,
           int ITEMS,
           int CHUNK>
 __device__ __forceinline__ int select_by_codes(unsigned (&code)[ITEMS], int top_k, int lane, bool chunked,
-                                               unsigned long long (*round_best)[THREADS / 32]) {
+                                               unsigned long long (*round_best)[THREADS / 32], int& phase) {
   constexpr int WARPS = THREADS / 32;
   const int warp_lane = threadIdx.x % 32;
   unsigned best = taken_code;
@@ -87,7 +89,8 @@ __device__ __forceinline__ int select_by_codes(unsigned (&code)[ITEMS], int top_
     unsigned top = __reduce_max_sync(full_warp, best);
     unsigned top_rank = __reduce_max_sync(full_warp, best == top ? rank : 0u);
     if constexpr (THREADS > 32) {
-      unsigned long long* warp_best = round_best[k % 2];
+      unsigned long long* warp_best = round_best[phase];
+      phase ^= 1;
       if (warp_lane == 0) warp_best[threadIdx.x / 32] = (static_cast<unsigned long long>(top) << 32) | top_rank;
       __syncthreads();
       unsigned long long winner = 0;
@@ -131,6 +134,7 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
   extern __shared__ int block_counts[];                // [E] when counts are requested
   __shared__ float scratch[WARPS];                     // group_sum / group_max partials
   __shared__ unsigned long long round_best[2][WARPS];  // each warp's (code, ~element) per round, double-buffered
+  int phase = 0;                                       // the round_best buffer of the next round
 
   const int experts = static_cast<int>(problem.experts);
   const int top_k = static_cast<int>(problem.top_k);
@@ -195,7 +199,7 @@ __global__ void __launch_bounds__(THREADS * (THREADS == 32 ? 32 : 1), THREADS ==
           code[s] = order_code(x[s]);
         }
       }
-      selected = select_by_codes<THREADS, ITEMS, CHUNK>(code, top_k, lane, chunked, round_best);
+      selected = select_by_codes<THREADS, ITEMS, CHUNK>(code, top_k, lane, chunked, round_best, phase);
     }
 
     // Every warp knows the winners; the first one writes them.
