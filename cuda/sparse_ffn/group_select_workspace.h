@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/dense_gemm.h"
 #include "cuda/sparse_ffn/group_select.h"
 #include "error.h"
 #include "moekit/moekit.h"
@@ -28,7 +29,6 @@ namespace sparse_ffn {
 constexpr size_t kPreChunkBytes = size_t{32} << 20;
 constexpr int64_t kMaxChunkTokens = 4096;
 constexpr int64_t kChunkTokenMultiple = 64;
-constexpr size_t kGemmWorkspaceBytes = size_t{4} << 20;
 
 struct GroupSelectLayout {
   int64_t groups;          // NG
@@ -73,7 +73,7 @@ inline GroupSelectLayout group_select_layout(const moekit_sparse_ffn_desc_t& d) 
   l.pre_bytes = static_cast<size_t>(l.chunk_tokens) * row_bytes;
   offset += align(l.pre_bytes);
   l.gemm_offset = offset;
-  l.gemm_bytes = kGemmWorkspaceBytes;
+  l.gemm_bytes = kDenseGemmWorkspaceBytes;
   offset += align(l.gemm_bytes);
   l.partials_offset = offset;
   l.partials_bytes = static_cast<size_t>(kCountSlices * l.groups) * sizeof(int32_t);

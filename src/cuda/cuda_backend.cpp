@@ -63,6 +63,8 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
   if (plan.kind == OpKind::group_select)
     plan.workspace_bytes = sparse_ffn::group_select_layout(plan.sparse_ffn).total_bytes;
+  if (plan.kind == OpKind::moe_layer) moe_layer_sizes(plan);
+  if (plan.kind == OpKind::experts) experts_layer_sizes(plan);
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
@@ -70,19 +72,6 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
 
 void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
   not_implemented("grouped GEMM");
-}
-void CudaBackend::moe_forward(const moekit_plan&, const moekit_moe_fwd_args_t&, void*, Workspace, void*) {
-  not_implemented("MoE layer forward");
-}
-void CudaBackend::moe_backward(const moekit_plan&, const moekit_moe_bwd_args_t&, const void*, Workspace, void*) {
-  not_implemented("MoE layer backward");
-}
-void CudaBackend::experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void*, Workspace, void*) {
-  not_implemented("experts forward");
-}
-void CudaBackend::experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void*, Workspace,
-                                   void*) {
-  not_implemented("experts backward");
 }
 void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace, void*) {
   not_implemented("sparse FFN forward");

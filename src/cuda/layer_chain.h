@@ -1,0 +1,188 @@
+// What the CUDA layers share as they chain the building blocks on one stream: sub-plans built from the layer's
+// descriptor (so each block validates and sizes its own part), device tensor views of internal buffers, and the
+// carving of the caller's workspace and saved buffer into 256-byte aligned sections.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+#include "cuda/common/cuda_check.h"
+#include "moekit/moekit.h"
+#include "plan.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+
+// Sections of a buffer, one after another, each starting 256-byte aligned. With a null base it only measures,
+// so one function gives both a plan's sizes and a call's addresses.
+class Carve {
+ public:
+  explicit Carve(void* base, size_t start = 0) : base_(static_cast<char*>(base)), end_(align(start)) {}
+
+  void* take(size_t bytes) {
+    char* at = base_ ? base_ + end_ : nullptr;
+    end_ = align(end_ + bytes);
+    return at;
+  }
+  template <class T>
+  T* take(int64_t count) {
+    return static_cast<T*>(take(sizeof(T) * static_cast<size_t>(count)));
+  }
+  size_t end() const { return end_; }
+
+ private:
+  static size_t align(size_t v) { return (v + 255) / 256 * 256; }
+  char* base_;
+  size_t end_;
+};
+
+// A sub-plan of `layer` for one building block; its descriptor is filled by the caller.
+inline moekit_plan sub_plan(const moekit_plan& layer, OpKind kind) {
+  moekit_plan p{};
+  p.kind = kind;
+  p.handle = layer.handle;
+  return p;
+}
+
+// A contiguous device tensor view of internal memory.
+inline moekit_tensor_t device_view(void* data, int32_t dtype, std::initializer_list<int64_t> shape, int device) {
+  int64_t dims[MOEKIT_MAX_RANK] = {};
+  int32_t rank = 0;
+  for (int64_t s : shape) dims[rank++] = s;
+  return moekit_tensor_make(data, static_cast<moekit_dtype_t>(dtype), rank, dims,
+                            moekit_device_t{MOEKIT_DEVICE_CUDA, device});
+}
+
+// A view of the first `rows` rows of `t` (same strides).
+inline moekit_tensor_t first_rows(moekit_tensor_t t, int64_t rows) {
+  t.shape[0] = rows;
+  return t;
+}
+
+inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
+
+inline cudaDataType_t cuda_type(int32_t dtype) {
+  return dtype == MOEKIT_DTYPE_BF16 ? CUDA_R_16BF : dtype == MOEKIT_DTYPE_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+// The width of h: 2I for a gated activation, I otherwise.
+inline int64_t h_width(const moekit_moe_desc_t& d) {
+  return d.activation < MOEKIT_ACT_GELU ? 2 * d.intermediate : d.intermediate;
+}
+
+// The row bounds of a layer's grouped GEMMs: the grouped rows P and the rows of a gathered source (T).
+struct GroupedRows {
+  int64_t grouped, source;
+};
+
+// A grouped GEMM descriptor for one step of an expert MLP. Sub-plans skip capi, so "same as dtype" is spelled out.
+inline moekit_gemm_desc_t gemm_desc(const moekit_moe_desc_t& d, GroupedRows rows, int32_t mode, int32_t gather,
+                                    int32_t epilogue, int64_t n, int64_t k) {
+  moekit_gemm_desc_t g;
+  moekit_gemm_desc_init(&g);
+  g.mode = mode;
+  g.gather = gather;
+  g.epilogue = epilogue;
+  g.activation = d.activation;
+  g.glu_layout = d.glu_layout;
+  g.glu_limit = d.glu_limit;
+  g.groups = d.experts;
+  g.max_rows = rows.grouped;
+  g.gather_rows = rows.source;
+  g.n = n;
+  g.k = k;
+  g.dtype = d.dtype;
+  g.out_dtype = mode == MOEKIT_GEMM_VARLEN_K ? d.weight_grad_dtype : d.dtype;
+  return g;
+}
+
+// A bias-gradient descriptor (db1 over dh, db2 over dout) of `width` columns, in the weight-gradient dtype.
+inline moekit_bias_grad_desc_t bias_grad_desc(const moekit_moe_desc_t& d, GroupedRows rows, int64_t width) {
+  moekit_bias_grad_desc_t b;
+  moekit_bias_grad_desc_init(&b);
+  b.experts = d.experts;
+  b.max_rows = rows.grouped;
+  b.width = width;
+  b.max_tokens = rows.source;
+  b.dtype = d.dtype;
+  b.out_dtype = d.weight_grad_dtype;
+  return b;
+}
+
+// The grouped GEMMs and bias sums of an expert MLP (SPEC 3 steps 1-3, SPEC 4 steps 1-6) as plans. `gathered`:
+// the MoE layer, whose x and dout rows are gathered by token; the experts-only layer's rows come grouped.
+struct ExpertMlpPlans {
+  moekit_plan up, down;                        // forward: h and a; y (+ b2)
+  moekit_plan dgated, dxe, dw2, dw1, db1, db2;  // backward
+};
+
+inline ExpertMlpPlans expert_mlp_plans(const moekit_plan& layer, GroupedRows rows, bool gathered) {
+  const moekit_moe_desc_t& d = layer.moe;
+  const int64_t hw = h_width(d);
+  const int32_t gather_a = gathered ? MOEKIT_GEMM_GATHER_A : MOEKIT_GEMM_GATHER_NONE;
+  const int32_t gather_b = gathered ? MOEKIT_GEMM_GATHER_B : MOEKIT_GEMM_GATHER_NONE;
+  ExpertMlpPlans p;
+  for (moekit_plan* g : {&p.up, &p.down, &p.dgated, &p.dxe, &p.dw2, &p.dw1}) *g = sub_plan(layer, OpKind::gemm);
+  p.up.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_M, gather_a, MOEKIT_EPILOGUE_GATED, hw, d.hidden);
+  p.down.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_GATHER_NONE,
+                          d.has_b2 ? MOEKIT_EPILOGUE_BIAS : MOEKIT_EPILOGUE_STORE, d.hidden, d.intermediate);
+  // dA = dout W2[e]: B = W2 [E, H, I] read as [E, K = H, N = I].
+  p.dgated.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_M, gather_a, MOEKIT_EPILOGUE_DGATED, hw, d.hidden);
+  p.dgated.gemm.b_layout = MOEKIT_GEMM_B_KN;
+  // dxe = dh W1[e]: B = W1 [E, hw, H] read as [E, K = hw, N = H].
+  p.dxe.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_GATHER_NONE, MOEKIT_EPILOGUE_STORE, d.hidden, hw);
+  p.dxe.gemm.b_layout = MOEKIT_GEMM_B_KN;
+  // dW2[e] [H, I] = dout_e^T a'_e; dW1[e] [hw, H] = dh_e^T x_e.
+  p.dw2.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_K, gather_a, MOEKIT_EPILOGUE_STORE, d.intermediate, d.hidden);
+  p.dw1.gemm = gemm_desc(d, rows, MOEKIT_GEMM_VARLEN_K, gather_b, MOEKIT_EPILOGUE_STORE, d.hidden, hw);
+  p.db1 = sub_plan(layer, OpKind::bias_grad);
+  p.db1.bias_grad = bias_grad_desc(d, rows, hw);
+  p.db2 = sub_plan(layer, OpKind::bias_grad);
+  p.db2.bias_grad = bias_grad_desc(d, rows, d.hidden);
+  return p;
+}
+
+// A grouped GEMM call's arguments with the operands every step names; a step sets the rest (gather, bias, the
+// gated and dgated tensors).
+inline moekit_gemm_args_t gemm_args(const moekit_tensor_t& a, const moekit_tensor_t& b, const moekit_tensor_t& offsets,
+                                    const moekit_tensor_t& c, double beta = 0.0) {
+  moekit_gemm_args_t g;
+  moekit_gemm_args_init(&g);
+  g.a = a;
+  g.b = b;
+  g.offsets = offsets;
+  g.c = c;
+  g.beta = beta;
+  return g;
+}
+
+// A per-expert row sum (db1 over dh; db2 over dy in the experts-only layer).
+inline moekit_db1_args_t row_sum_args(const moekit_tensor_t& rows, const moekit_tensor_t& offsets,
+                                      const moekit_tensor_t& out, double beta) {
+  moekit_db1_args_t r;
+  moekit_db1_args_init(&r);
+  r.dh = rows;
+  r.offsets = offsets;
+  r.db1 = out;
+  r.beta = beta;
+  return r;
+}
+
+// dst rows [rows, cols] (row stride dst_stride) = src [rows, cols] contiguous, device to device, on `stream`.
+inline void copy_rows(void* dst, int64_t dst_stride, const void* src, int64_t rows, int64_t cols, size_t element,
+                      cudaStream_t stream, const char* what) {
+  if (rows == 0) return;
+  check_cuda(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * element, src,
+                               static_cast<size_t>(cols) * element, static_cast<size_t>(cols) * element,
+                               static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
+             what);
+}
+
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

@@ -1,0 +1,325 @@
+// The MoE layer (SPEC sections 3 and 4) on the CUDA backend: the building blocks chained on the caller's stream,
+// every buffer carved from the caller's workspace and saved buffer, nothing allocated and nothing waited for, so
+// a forward + backward can be captured in a CUDA graph and replayed with any routing (the per-expert counts live
+// on the device only).
+//
+// Forward: logits = x Wr^T (cuBLASLt) -> router -> dispatch -> up GEMM (x rows gathered, gated epilogue: h, a)
+// -> down GEMM (+ b2) -> combine into out. Saved: the logits, scores, int32 indices and h; the dispatch is
+// recomputed from the indices in the backward (SPEC 4).
+// Backward: dispatch -> dgated GEMM (dout rows gathered @ W2: dh, a', ds) -> db2 + the dout.b2 part of ds ->
+// router backward (dlogits) -> input gradient: dxe = dh W1, dx = beta dx + sum of dxe, dx += dlogits Wr;
+// weight gradients: dW2 = dout^T a', dW1 = dh^T x, db1, db2, dWr = dlogits^T x.
+//
+// NOTE: the saved buffer is device memory; checking its header against the plan would need a host
+// synchronisation, so the backward trusts it (the reference backend checks it). The forward still writes the
+// header, so a buffer moves between backends' semantics unchanged.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/cuda_backend.h"
+#include "cuda/dense_gemm.h"
+#include "cuda/layer_chain.h"
+#include "cuda/layers/layer_kernels.h"
+#include "error.h"
+#include "saved_header.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+
+namespace {
+
+// Every building block of a layer call, as a plan of its own.
+struct MoePlans {
+  moekit_plan router, dispatch, combine;
+  ExpertMlpPlans mlp;
+
+  // The plans a forward (and, for training, a backward) runs.
+  std::vector<moekit_plan*> used(bool backward) {
+    std::vector<moekit_plan*> all{&router, &dispatch, &combine, &mlp.up, &mlp.down};
+    if (backward)
+      for (moekit_plan* p : {&mlp.dgated, &mlp.dxe, &mlp.dw2, &mlp.dw1, &mlp.db1, &mlp.db2}) all.push_back(p);
+    return all;
+  }
+};
+
+MoePlans moe_plans(const moekit_plan& layer) {
+  const moekit_moe_desc_t& d = layer.moe;
+  MoePlans p;
+  p.router = sub_plan(layer, OpKind::router);
+  moekit_router_desc_init(&p.router.router);
+  p.router.router.max_tokens = d.max_tokens;
+  p.router.router.experts = d.router_experts;
+  p.router.router.top_k = d.top_k;
+  p.router.router.kind = d.router;
+  p.router.router.renormalize = d.renormalize;
+  p.router.router.scale = d.router_scale;
+  p.router.router.dtype = d.dtype;
+
+  p.dispatch = sub_plan(layer, OpKind::dispatch);
+  moekit_dispatch_desc_init(&p.dispatch.dispatch);
+  p.dispatch.dispatch.max_tokens = d.max_tokens;
+  p.dispatch.dispatch.top_k = d.top_k;
+  p.dispatch.dispatch.max_pairs = d.max_tokens * d.top_k;
+  p.dispatch.dispatch.experts = d.experts;
+  p.dispatch.dispatch.expert_begin = d.expert_begin;
+
+  p.combine = sub_plan(layer, OpKind::combine);
+  moekit_combine_desc_init(&p.combine.combine);
+  p.combine.combine.max_tokens = d.max_tokens;
+  p.combine.combine.top_k = d.top_k;
+  p.combine.combine.hidden = d.hidden;
+  p.combine.combine.dtype = d.dtype;
+
+  p.mlp = expert_mlp_plans(layer, GroupedRows{d.max_tokens * d.top_k, d.max_tokens}, true);
+  return p;
+}
+
+// Buffers of a call, carved from the workspace (forward and backward share it: a plan reports the larger) and
+// from the saved buffer. The scratch section is every building block's workspace in turn (they run one after
+// another on the stream) and the dense GEMMs' cuBLASLt workspace.
+struct MoeBuffers {
+  void* scratch;
+  size_t scratch_bytes;
+  int32_t *offsets, *gather_idx, *pair_idx, *grouped_pos;
+  // Saved (workspace in inference mode): the router's outputs and h.
+  void* logits;
+  float* scores;
+  int32_t* indices;
+  void* h;
+  // Forward only.
+  void *a, *y;
+  // Backward only.
+  float* ds;
+  void *dh, *a_scaled, *dxe, *dlogits;
+  size_t workspace_end, saved_end;
+};
+
+MoeBuffers moe_buffers(const moekit_plan& layer, MoePlans& p, void* workspace, void* saved, bool backward) {
+  const moekit_moe_desc_t& d = layer.moe;
+  const int64_t T = d.max_tokens, P = T * d.top_k, E = d.experts;
+  const int64_t hw = h_width(d);
+  const size_t es = storage_bytes(d.dtype);
+  MoeBuffers b{};
+  b.scratch_bytes = kDenseGemmWorkspaceBytes;
+  for (const moekit_plan* sub : p.used(true)) b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
+
+  Carve ws(workspace);
+  b.scratch = ws.take(b.scratch_bytes);
+  b.offsets = ws.take<int32_t>(E + 1);
+  b.gather_idx = ws.take<int32_t>(P);
+  b.pair_idx = ws.take<int32_t>(P);
+  b.grouped_pos = ws.take<int32_t>(P);
+  const bool saving = !d.inference;
+  Carve sv(saved, kSavedHeaderBytes);
+  Carve& kept = saving ? sv : ws;
+  b.logits = kept.take(static_cast<size_t>(T * d.router_experts) * es);
+  b.scores = kept.take<float>(P);
+  b.indices = kept.take<int32_t>(P);
+  b.h = kept.take(static_cast<size_t>(P * hw) * es);
+  b.saved_end = saving ? sv.end() : 0;
+  if (!backward) {
+    b.a = ws.take(static_cast<size_t>(P * d.intermediate) * es);
+    b.y = ws.take(static_cast<size_t>(P * d.hidden) * es);
+  } else {
+    b.ds = ws.take<float>(P);
+    b.dh = ws.take(static_cast<size_t>(P * hw) * es);
+    b.a_scaled = ws.take(static_cast<size_t>(P * d.intermediate) * es);
+    b.dxe = ws.take(static_cast<size_t>(P * d.hidden) * es);
+    b.dlogits = ws.take(static_cast<size_t>(T * d.router_experts) * es);
+  }
+  b.workspace_end = ws.end();
+  return b;
+}
+
+// The dispatch of the router's int32 indices into the workspace's routing metadata.
+moekit_dispatch_args_t dispatch_args(const MoeBuffers& b, int64_t T, int64_t K, int64_t E, int dev) {
+  moekit_dispatch_args_t g;
+  moekit_dispatch_args_init(&g);
+  g.indices = device_view(b.indices, MOEKIT_DTYPE_INT32, {T, K}, dev);
+  g.expert_offsets = device_view(b.offsets, MOEKIT_DTYPE_INT32, {E + 1}, dev);
+  g.gather_idx = device_view(b.gather_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  g.pair_idx = device_view(b.pair_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  g.grouped_pos = device_view(b.grouped_pos, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  return g;
+}
+
+// out = beta out + the pairs' grouped rows summed per token, weighted by `scores` (absent: weights of 1).
+moekit_combine_args_t combine_args(const moekit_tensor_t& grouped, const moekit_tensor_t& scores,
+                                   const moekit_tensor_t& grouped_pos, const moekit_tensor_t& out, double beta) {
+  moekit_combine_args_t c;
+  moekit_combine_args_init(&c);
+  c.grouped = grouped;
+  c.scores = scores;
+  c.grouped_pos = grouped_pos;
+  c.out = out;
+  c.beta = beta;
+  return c;
+}
+
+}  // namespace
+
+void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
+  const moekit_moe_desc_t& d = plan.moe;
+  if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
+    throw_not_supported("dtype: the CUDA MoE layer takes bf16 or fp16 storage");
+  MoePlans p = moe_plans(plan);
+  for (moekit_plan* sub : p.used(!d.inference)) plan_sizes(*sub);
+  const MoeBuffers forward = moe_buffers(plan, p, nullptr, nullptr, false);
+  const MoeBuffers backward = moe_buffers(plan, p, nullptr, nullptr, true);
+  plan.workspace_bytes = d.inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
+  plan.saved_bytes = forward.saved_end;
+}
+
+void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& args, void* saved, Workspace ws,
+                              void* stream_ptr) {
+  const moekit_moe_desc_t& d = plan.moe;
+  const cudaStream_t stream = as_stream(stream_ptr);
+  MoePlans p = moe_plans(plan);
+  for (moekit_plan* sub : p.used(false)) plan_sizes(*sub);
+  const MoeBuffers b = moe_buffers(plan, p, ws.data, saved, false);
+  const Workspace scratch{b.scratch, b.scratch_bytes};
+  const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
+  const int32_t dt = d.dtype;
+  const int dev = device_index_;
+
+  const DenseGemm router_linear{cuda_type(dt), cuda_type(dt), T, RE, d.hidden, false, true, args.x.stride[0],
+                                args.w_router.stride[0], RE, 1.0f, 0.0f};
+  run_dense_gemm(dev, router_linear, args.x.data, args.w_router.data, b.logits, b.scratch, stream,
+                 "MoE layer forward: router linear");
+
+  moekit_router_fwd_args_t r;
+  moekit_router_fwd_args_init(&r);
+  r.logits = device_view(b.logits, dt, {T, RE}, dev);
+  r.bias = args.router_bias;
+  r.scores = device_view(b.scores, MOEKIT_DTYPE_FP32, {T, K}, dev);
+  r.indices = device_view(b.indices, MOEKIT_DTYPE_INT32, {T, K}, dev);
+  r.counts = args.counts;
+  router_forward(p.router, r, scratch, stream);
+
+  const moekit_dispatch_args_t g = dispatch_args(b, T, K, E, dev);
+  dispatch(p.dispatch, g, scratch, stream);
+
+  const int64_t hw = p.mlp.up.gemm.n;
+  moekit_gemm_args_t up = gemm_args(args.x, args.w1, g.expert_offsets, device_view(b.h, dt, {P, hw}, dev));
+  up.gather_idx = g.gather_idx;
+  up.bias = args.b1;
+  up.act = device_view(b.a, dt, {P, d.intermediate}, dev);
+  gemm(p.mlp.up, up, scratch, stream);
+
+  moekit_gemm_args_t down = gemm_args(up.act, args.w2, g.expert_offsets, device_view(b.y, dt, {P, d.hidden}, dev));
+  down.bias = args.b2;
+  gemm(p.mlp.down, down, scratch, stream);
+
+  combine(p.combine, combine_args(down.c, r.scores, g.grouped_pos, args.out, args.beta_out), scratch, stream);
+
+  if (args.scores.data)
+    copy_rows(args.scores.data, args.scores.stride[0], b.scores, T, K, sizeof(float), stream,
+              "MoE layer forward: scores copy");
+  if (args.indices.data) {
+    if (args.indices.dtype == MOEKIT_DTYPE_INT64) {
+      layers::widen_indices(b.indices, T, K, static_cast<int64_t*>(args.indices.data), args.indices.stride[0],
+                            stream);
+    } else {
+      copy_rows(args.indices.data, args.indices.stride[0], b.indices, T, K, sizeof(int32_t), stream,
+                "MoE layer forward: indices copy");
+    }
+  }
+  if (!d.inference) layers::write_saved_header(saved, SavedHeader{kSavedMagic, plan.id, T, 0}, stream);
+}
+
+void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& args, const void* saved,
+                               Workspace ws, void* stream_ptr) {
+  const moekit_moe_desc_t& d = plan.moe;
+  const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
+  if (!input_grad && !weight_grad) return;
+  const cudaStream_t stream = as_stream(stream_ptr);
+  MoePlans p = moe_plans(plan);
+  for (moekit_plan* sub : p.used(true)) plan_sizes(*sub);
+  // NOTE: the backward only reads the saved sections; the const_cast lets one carving serve both directions.
+  const MoeBuffers b = moe_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
+  const Workspace scratch{b.scratch, b.scratch_bytes};
+  const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
+  const int64_t hw = p.mlp.up.gemm.n;
+  const int32_t dt = d.dtype;
+  const int dev = device_index_;
+
+  const moekit_dispatch_args_t g = dispatch_args(b, T, K, E, dev);
+  dispatch(p.dispatch, g, scratch, stream);
+
+  // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
+  if (P > 0) check_cuda(cudaMemsetAsync(b.ds, 0, static_cast<size_t>(P) * sizeof(float), stream), "ds clear");
+  const moekit_tensor_t scores_flat = device_view(b.scores, MOEKIT_DTYPE_FP32, {P}, dev);
+  const moekit_tensor_t ds_flat = device_view(b.ds, MOEKIT_DTYPE_FP32, {P}, dev);
+  moekit_gemm_args_t dg = gemm_args(args.dout, args.w2, g.expert_offsets, device_view(b.dh, dt, {P, hw}, dev));
+  dg.gather_idx = g.gather_idx;
+  dg.h = device_view(b.h, dt, {P, hw}, dev);
+  dg.act = device_view(b.a_scaled, dt, {P, d.intermediate}, dev);
+  dg.row_scale = scores_flat;
+  dg.pair_idx = g.pair_idx;
+  dg.dscores = ds_flat;
+  gemm(p.mlp.dgated, dg, scratch, stream);
+
+  if (d.has_b2) {
+    moekit_db2_ds_args_t bd;
+    moekit_db2_ds_args_init(&bd);
+    bd.dout = args.dout;
+    bd.scores = device_view(b.scores, MOEKIT_DTYPE_FP32, {T, K}, dev);
+    bd.b2 = args.b2;
+    bd.offsets = g.expert_offsets;
+    bd.gather_idx = g.gather_idx;
+    bd.pair_idx = g.pair_idx;
+    if (weight_grad) bd.db2 = args.db2;
+    bd.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
+    bd.beta = args.beta_db2;
+    db2_ds(p.mlp.db2, bd, scratch, stream);
+  }
+
+  moekit_router_bwd_args_t rb;
+  moekit_router_bwd_args_init(&rb);
+  rb.logits = device_view(b.logits, dt, {T, RE}, dev);
+  rb.indices = g.indices;
+  rb.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
+  rb.dlogits = device_view(b.dlogits, dt, {T, RE}, dev);
+  router_backward(p.router, rb, scratch, stream);
+
+  if (input_grad) {
+    const moekit_gemm_args_t dx_e =
+        gemm_args(dg.c, args.w1, g.expert_offsets, device_view(b.dxe, dt, {P, d.hidden}, dev));
+    gemm(p.mlp.dxe, dx_e, scratch, stream);
+
+    combine(p.combine, combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, args.dx, args.beta_dx), scratch,
+            stream);
+
+    // dx += dlogits [T, RE] Wr [RE, H], rounded again.
+    const DenseGemm router_dx{cuda_type(dt), cuda_type(dt), T, d.hidden, RE, false, false, RE,
+                              args.w_router.stride[0], args.dx.stride[0], 1.0f, 1.0f};
+    run_dense_gemm(dev, router_dx, b.dlogits, args.w_router.data, args.dx.data, b.scratch, stream,
+                   "MoE layer backward: router input gradient");
+  }
+
+  if (weight_grad) {
+    moekit_gemm_args_t w2g = gemm_args(args.dout, dg.act, g.expert_offsets, args.dw2, args.beta_dw2);
+    w2g.gather_idx = g.gather_idx;
+    gemm(p.mlp.dw2, w2g, scratch, stream);
+    moekit_gemm_args_t w1g = gemm_args(dg.c, args.x, g.expert_offsets, args.dw1, args.beta_dw1);
+    w1g.gather_idx = g.gather_idx;
+    gemm(p.mlp.dw1, w1g, scratch, stream);
+    if (d.has_b1) db1(p.mlp.db1, row_sum_args(dg.c, g.expert_offsets, args.db1, args.beta_db1), scratch, stream);
+
+    // dWr [RE, H] = dlogits^T (stored [T, RE]) x [T, H].
+    const DenseGemm router_dw{cuda_type(dt), cuda_type(args.dw_router.dtype), RE, d.hidden, T, true, false, RE,
+                              args.x.stride[0], args.dw_router.stride[0], 1.0f,
+                              static_cast<float>(args.beta_dw_router)};
+    run_dense_gemm(dev, router_dw, b.dlogits, args.x.data, args.dw_router.data, b.scratch, stream,
+                   "MoE layer backward: router weight gradient");
+  }
+}
+
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
