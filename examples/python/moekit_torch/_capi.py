@@ -1,0 +1,229 @@
+"""ctypes view of moekit.h: the structs, constants and functions the PyTorch layers use.
+
+Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
+MOEKIT_LIBRARY environment variable, or the loader's search path (ldconfig, LD_LIBRARY_PATH) by its SONAME. The
+structs below mirror the header field for field; tests/test_moekit_torch.py checks their sizes against
+tests/abi/layout_lp64.txt, and every struct is filled by the library's own *_init function, which then must have
+written the struct_size ctypes expects (checked at each call).
+"""
+import ctypes
+import os
+import threading
+
+c_int32, c_int64, c_uint32, c_uint64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
+c_size_t, c_double, c_void_p = ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p
+
+VERSION_MAJOR, VERSION_MINOR = 0, 1
+SONAME = "libmoekit.so.%d.%d" % (VERSION_MAJOR, VERSION_MINOR)  # 0.MINOR while MAJOR is 0
+
+SUCCESS = 0
+STATUS_NOT_SUPPORTED = 200
+
+DTYPE_BF16, DTYPE_FP16, DTYPE_FP32, DTYPE_FP64, DTYPE_INT32, DTYPE_INT64 = 1, 2, 3, 4, 5, 6
+DEVICE_CPU, DEVICE_CUDA = 1, 2
+BACKEND_REFERENCE, BACKEND_CUDA = 0, 1
+MAX_RANK = 4
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("type", c_int32), ("index", c_int32)]
+
+
+class Tensor(ctypes.Structure):
+    _fields_ = [
+        ("data", c_void_p),
+        ("dtype", c_int32),
+        ("rank", c_int32),
+        ("shape", c_int64 * MAX_RANK),
+        ("stride", c_int64 * MAX_RANK),
+        ("device", Device),
+        ("reserved", c_uint64 * 2),
+    ]
+
+
+class HandleDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("backend", c_int32),
+        ("device_index", c_int32),
+        ("flags", c_uint32),
+        ("num_threads", c_int32),
+    ]
+
+
+class MoeDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("max_tokens", c_int64),
+        ("hidden", c_int64),
+        ("intermediate", c_int64),
+        ("router_experts", c_int64),
+        ("experts", c_int64),
+        ("expert_begin", c_int64),
+        ("top_k", c_int64),
+        ("activation", c_int32),
+        ("glu_layout", c_int32),
+        ("glu_limit", c_double),
+        ("router", c_int32),
+        ("renormalize", c_int32),
+        ("router_scale", c_double),
+        ("has_b1", c_int32),
+        ("has_b2", c_int32),
+        ("inference", c_int32),
+        ("dtype", c_int32),
+        ("weight_grad_dtype", c_int32),
+    ]
+
+
+def _tensors(*names):
+    return [(name, Tensor) for name in names]
+
+
+class MoeFwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "w_router", "router_bias", "w1", "b1", "w2", "b2", "out", "scores", "indices", "counts")
+        + [("beta_out", c_double)]
+    )
+
+
+class MoeBwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "dout", "w_router", "w1", "w2", "b2", "dx", "dw_router", "dw1", "db1", "dw2", "db2")
+        + [("compute_input_grad", c_int32), ("compute_weight_grad", c_int32)]
+        + [(name, c_double) for name in ("beta_dx", "beta_dw_router", "beta_dw1", "beta_db1", "beta_dw2", "beta_db2")]
+    )
+
+
+class SparseFfnDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("max_tokens", c_int64),
+        ("d_model", c_int64),
+        ("d_ff", c_int64),
+        ("group_size", c_int64),
+        ("top_groups", c_int64),
+        ("subsample", c_int64),
+        ("dtype", c_int32),
+        ("inference", c_int32),
+        ("weight_grad_dtype", c_int32),
+    ]
+
+
+class SparseFfnFwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "w_gate", "w_up", "w_down", "subsample_rows", "lb_bias", "out", "groups", "counts")
+        + [("beta_out", c_double)]
+    )
+
+
+class SparseFfnBwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "w_gate", "w_up", "w_down", "dout", "dx", "dw_gate", "dw_up", "dw_down")
+        + [("compute_input_grad", c_int32), ("compute_weight_grad", c_int32)]
+        + [(name, c_double) for name in ("beta_dx", "beta_dw_gate", "beta_dw_up", "beta_dw_down")]
+    )
+
+
+# The structs above by their names in moekit.h (for the layout test).
+STRUCTS = {
+    "moekit_device_t": Device,
+    "moekit_tensor_t": Tensor,
+    "moekit_handle_desc_t": HandleDesc,
+    "moekit_moe_desc_t": MoeDesc,
+    "moekit_moe_fwd_args_t": MoeFwdArgs,
+    "moekit_moe_bwd_args_t": MoeBwdArgs,
+    "moekit_sparse_ffn_desc_t": SparseFfnDesc,
+    "moekit_sparse_ffn_fwd_args_t": SparseFfnFwdArgs,
+    "moekit_sparse_ffn_bwd_args_t": SparseFfnBwdArgs,
+}
+
+
+class MoekitError(RuntimeError):
+    """A moekit call that did not succeed: the status and the library's message."""
+
+    def __init__(self, status, name, message):
+        super().__init__("%s: %s" % (name, message))
+        self.status = status
+
+
+class NotSupportedError(MoekitError):
+    """MOEKIT_STATUS_NOT_SUPPORTED: a valid request this build or device cannot serve (a caller may fall back)."""
+
+
+_P = ctypes.POINTER
+_status = c_int32
+# name: (argument types); every function here returns moekit_status_t unless listed in _RESTYPES.
+_PROTOTYPES = {
+    "moekit_get_version": [],
+    "moekit_status_string": [_status],
+    "moekit_get_last_error": [ctypes.c_char_p, c_size_t],
+    "moekit_handle_desc_init": [_P(HandleDesc)],
+    "moekit_handle_create": [_P(HandleDesc), _P(c_void_p)],
+    "moekit_handle_destroy": [c_void_p],
+    "moekit_plan_destroy": [c_void_p],
+    "moekit_plan_workspace_size": [c_void_p, _P(c_size_t)],
+    "moekit_plan_saved_size": [c_void_p, _P(c_size_t)],
+    "moekit_moe_desc_init": [_P(MoeDesc)],
+    "moekit_moe_plan_create": [c_void_p, _P(MoeDesc), _P(c_void_p)],
+    "moekit_moe_fwd_args_init": [_P(MoeFwdArgs)],
+    "moekit_moe_bwd_args_init": [_P(MoeBwdArgs)],
+    "moekit_moe_forward": [c_void_p, _P(MoeFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_moe_backward": [c_void_p, _P(MoeBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_sparse_ffn_desc_init": [_P(SparseFfnDesc)],
+    "moekit_sparse_ffn_plan_create": [c_void_p, _P(SparseFfnDesc), _P(c_void_p)],
+    "moekit_sparse_ffn_fwd_args_init": [_P(SparseFfnFwdArgs)],
+    "moekit_sparse_ffn_bwd_args_init": [_P(SparseFfnBwdArgs)],
+    "moekit_sparse_ffn_forward": [c_void_p, _P(SparseFfnFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_sparse_ffn_backward": [c_void_p, _P(SparseFfnBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+}
+_RESTYPES = {"moekit_get_version": c_int32, "moekit_status_string": ctypes.c_char_p, "moekit_get_last_error": c_size_t}
+
+_lib = None
+_lib_lock = threading.Lock()
+
+
+def load(path=None):
+    """Loads libmoekit.so once (see the module's docstring for where from) and returns the ctypes library."""
+    global _lib
+    with _lib_lock:
+        if _lib is None:
+            path = path or os.environ.get("MOEKIT_LIBRARY") or SONAME
+            lib = ctypes.CDLL(path)
+            for name, argtypes in _PROTOTYPES.items():
+                function = getattr(lib, name)
+                function.argtypes = argtypes
+                function.restype = _RESTYPES.get(name, _status)
+            version = lib.moekit_get_version()
+            if version // 100 != VERSION_MAJOR * 100 + VERSION_MINOR:
+                raise ImportError("%s is moekit %d; these bindings mirror moekit %d.%d"
+                                  % (path, version, VERSION_MAJOR, VERSION_MINOR))
+            _lib = lib
+        return _lib
+
+
+def check(status):
+    """Raises MoekitError (NotSupportedError for NOT_SUPPORTED) unless status is success; the message is this
+    thread's last error, read at once since it is thread-local."""
+    if status == SUCCESS:
+        return
+    lib = load()
+    length = lib.moekit_get_last_error(None, 0)
+    buffer = ctypes.create_string_buffer(length + 1)
+    lib.moekit_get_last_error(buffer, length + 1)
+    name = lib.moekit_status_string(status).decode()
+    error = NotSupportedError if status == STATUS_NOT_SUPPORTED else MoekitError
+    raise error(status, name, buffer.value.decode(errors="replace"))
+
+
+def initialised(struct_type, init_name):
+    """A struct filled by the library's *_init function, after checking the library's idea of its size."""
+    value = struct_type()
+    check(getattr(load(), init_name)(ctypes.byref(value)))
+    if value.struct_size != ctypes.sizeof(struct_type):
+        raise ImportError("%s: the library's struct is %d bytes, these bindings' %d (a different moekit.h)"
+                          % (struct_type.__name__, value.struct_size, ctypes.sizeof(struct_type)))
+    return value
