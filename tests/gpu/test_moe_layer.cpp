@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gpu_util.h"
+#include "numeric.h"
 
 using moekit_test::AlignedBuffer;
 using moekit_test::DeviceBuffer;
@@ -315,5 +316,80 @@ TEST_CASE("CUDA MoE layer is bitwise identical over three runs", "[gpu][layer][m
                       std::make_pair(&first.dwr, &again.dwr), std::make_pair(&first.dw1, &again.dw1),
                       std::make_pair(&first.dw2, &again.dw2), std::make_pair(&first.db1, &again.db1)})
       REQUIRE(pair.first->bytes_equal(*pair.second));
+  }
+}
+
+namespace {
+
+double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
+
+}  // namespace
+
+// P = T K = 524288 grouped rows of H = 4096: the grouped tensors (y, dxe) pass 2^31 elements, so every offset past
+// that must be 64-bit. Wr = 0 makes every logit 0: each token takes experts 0..7 (ties go to the lower id) with
+// scores 1/8, and the router adds nothing to dx, so out and dx of a sample of tokens are checked against a
+// per-token computation on the host (SwiGLU, rounding h, a, y and dxe as SPEC 8 does).
+TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 elements", "[gpu][layer][moe][large]") {
+  Config c;
+  c.tokens = 65536;
+  c.hidden = 4096;
+  c.inter = 64;
+  c.router_experts = c.experts = 16;
+  c.top_k = 8;
+  c.biases = true;
+  std::mt19937_64 rng(65536);
+  Inputs in(c, rng);
+  for (int64_t i = 0; i < in.wr.numel(); ++i) in.wr.set(i, 0.0);
+  Handles h;
+  const Outputs gpu = run_moe(h.cuda, true, c, in);
+
+  const int64_t H = c.hidden, I = c.inter, K = c.top_k;
+  const std::vector<double> x = in.x.values(), w1 = in.w1.values(), b1 = in.b1.values(), w2 = in.w2.values(),
+                            b2 = in.b2.values(), dout = in.dout.values();
+  const std::vector<double> out = gpu.out.values(), dx = gpu.dx.values();
+  auto at = [](const std::vector<double>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
+  std::vector<double> got_out, want_out, got_dx, want_dx;
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{4097}, int64_t{33333}, int64_t{65534}, int64_t{65535}}) {
+    std::vector<double> o(static_cast<size_t>(H), 0.0), g(static_cast<size_t>(H), 0.0);
+    for (int64_t e = 0; e < K; ++e) {
+      const double s = 1.0 / double(K);
+      std::vector<double> hv(static_cast<size_t>(2 * I)), a(static_cast<size_t>(I)), dh(static_cast<size_t>(2 * I));
+      for (int64_t r = 0; r < 2 * I; ++r) {
+        double sum = at(b1, e * 2 * I + r);
+        for (int64_t j = 0; j < H; ++j) sum += at(w1, (e * 2 * I + r) * H + j) * at(x, t * H + j);
+        hv[static_cast<size_t>(r)] = moekit::round_to(sum, c.dtype);
+      }
+      for (int64_t r = 0; r < I; ++r) {
+        const double gate = at(hv, r), up = at(hv, I + r), sg = sigmoid(gate);
+        a[static_cast<size_t>(r)] = moekit::round_to(gate * sg * up, c.dtype);
+        double da = 0;  // s (W2[e]^T dout_t)[r]
+        for (int64_t j = 0; j < H; ++j) da += at(w2, (e * H + j) * I + r) * at(dout, t * H + j);
+        da *= s;
+        dh[static_cast<size_t>(r)] = moekit::round_to(da * up * sg * (1 + gate * (1 - sg)), c.dtype);
+        dh[static_cast<size_t>(I + r)] = moekit::round_to(da * gate * sg, c.dtype);
+      }
+      for (int64_t j = 0; j < H; ++j) {
+        double y = at(b2, e * H + j), back = 0;
+        for (int64_t r = 0; r < I; ++r) y += at(w2, (e * H + j) * I + r) * at(a, r);
+        for (int64_t r = 0; r < 2 * I; ++r) back += at(w1, (e * 2 * I + r) * H + j) * at(dh, r);
+        o[static_cast<size_t>(j)] += s * moekit::round_to(y, c.dtype);
+        g[static_cast<size_t>(j)] += moekit::round_to(back, c.dtype);
+      }
+    }
+    for (int64_t j = 0; j < H; ++j) {
+      want_out.push_back(at(o, j));
+      want_dx.push_back(at(g, j));
+      got_out.push_back(at(out, t * H + j));
+      got_dx.push_back(at(dx, t * H + j));
+    }
+  }
+  const std::vector<int64_t> indices = moekit_test::as_integers(gpu.indices);
+  for (int64_t t : {int64_t{0}, int64_t{65535}})
+    for (int64_t k = 0; k < K; ++k) REQUIRE(indices[static_cast<size_t>(t * K + k)] == k);
+  for (auto* pair : {&got_out, &got_dx}) {
+    const bool is_out = pair == &got_out;
+    const moekit_test::ErrorMetrics m = moekit_test::compare(*pair, is_out ? want_out : want_dx, H);
+    INFO((is_out ? "out" : "dx") << ": " << moekit_test::describe(m));
+    REQUIRE(moekit_test::within(m, moekit_test::bounds_for(c.dtype)));
   }
 }
