@@ -6,7 +6,7 @@
 # of every kernel family) or "~[large]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes).
 # SANITIZE_TIMEOUT (seconds per executable and tool, default 240) bounds each sanitizer run.
 # BIN_DIR holds the moekit_gpu_test_* and moekit_time_* executables (a build dir's tests/gpu and bench/micro
-# outputs; tests/gpu/stage_for_device.sh copies them into one small folder that fits the device tool's carry).
+# outputs), or tests/gpu/stage_for_device.sh's executables.tgz of them, unpacked here first.
 set -uo pipefail
 bin=${1:?usage: run_on_device.sh BIN_DIR [tests|sanitize|timing|all]}
 what=${2:-all}
@@ -14,14 +14,25 @@ spec=${3:-[sanitize]}
 sanitize_timeout=${SANITIZE_TIMEOUT:-240}
 out=${OUT:-/tmp/moekit-device-out}
 mkdir -p "$out"
+if [[ -f $bin/executables.tgz ]]; then
+  tar -xzf "$bin/executables.tgz" -C "$bin"
+  rm "$bin/executables.tgz"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/device.txt"
 status=0
 summary=()
 if [[ $what == tests || $what == all ]]; then
+  # The test programs run at once (the GPU has room for all of them; none of them times anything).
+  pids=()
   for exe in "$bin"/moekit_gpu_test_*; do
-    name=$(basename "$exe")
-    "$exe" >"$out/$name.log" 2>&1
+    "$exe" >"$out/$(basename "$exe").log" 2>&1 &
+    pids+=("$!:$exe")
+  done
+  for job in "${pids[@]}"; do
+    IFS=: read -r pid exe <<<"$job"
+    wait "$pid"
     rc=$?
+    name=$(basename "$exe")
     summary+=("tests     $name: rc=$rc $(grep -E '^(All tests passed|test cases:)' "$out/$name.log" | tail -1)")
     ((rc == 0)) || { status=1; tail -40 "$out/$name.log"; }
   done
