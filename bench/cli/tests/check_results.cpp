@@ -1,0 +1,101 @@
+// Checks a moekit-bench results file against its config: the meta block, one record per case in config order,
+// every case run (or reported not supported) with a positive time, its figures present, its check passed, and a
+// reproduce command that names the case.
+//   moekit_bench_check_results RESULTS.json CONFIG.json      exit 0 when everything holds, else 1 with the reasons
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+using nlohmann::json;
+
+namespace {
+
+int failures = 0;
+
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "check_results: %s\n", what.c_str());
+  ++failures;
+}
+
+json read(const char* path) {
+  std::ifstream file(path);
+  if (!file) throw std::runtime_error(std::string("cannot open ") + path);
+  return json::parse(file);
+}
+
+void check_meta(const json& meta) {
+  for (const char* key : {"moekit_version", "git_sha", "backend", "device", "timing_method", "date", "config"})
+    expect(meta.contains(key), std::string("meta: no field '") + key + "'");
+  expect(meta.value("moekit_version", "").find('.') != std::string::npos, "meta: moekit_version is not MAJOR.MINOR.PATCH");
+  expect(!meta.value("git_sha", "").empty(), "meta: empty git_sha");
+  expect(meta.contains("device") && !meta["device"].value("name", "").empty(), "meta: no device name");
+  const std::string backend = meta.value("backend", "");
+  expect(backend == "cuda" || backend == "reference", "meta: backend is neither cuda nor reference");
+  if (backend == "cuda") {
+    for (const char* key : {"sm_count", "sm_clock_mhz", "driver", "cuda_runtime"})
+      expect(meta["device"].contains(key), std::string("meta.device: no field '") + key + "' on the CUDA backend");
+    expect(meta["ceilings"].is_object(), "meta: no ceilings on the CUDA backend");
+  }
+}
+
+void check_case(const json& c, const std::string& expected_name, const std::string& backend) {
+  const std::string where = "case '" + expected_name + "': ";
+  expect(c.value("name", "") == expected_name, where + "found '" + c.value("name", "") + "' in its place");
+  for (const char* key : {"op", "backend", "status", "shape", "config", "time_us", "spread_pct", "timing", "flops",
+                          "tflops", "bytes", "gbps", "pct_of_ceiling", "workspace_bytes", "saved_bytes", "baseline",
+                          "ratio", "check", "command"})
+    expect(c.contains(key), where + "no field '" + key + "'");
+  const std::string status = c.value("status", "");
+  expect(status == "ok" || status == "not_supported", where + "status " + status + ": " + c.value("message", ""));
+  if (status == "ok") {
+    const json& t = c["time_us"];
+    expect(t["median"].is_number() && t["median"].get<double>() > 0, where + "no positive median time");
+    expect(t["min"].is_number() && t["max"].is_number() && t["min"].get<double>() <= t["max"].get<double>(),
+           where + "min/max time missing or out of order");
+    expect(c["gbps"].is_number() && c["gbps"].get<double>() > 0, where + "no positive GB/s");
+    if (c["flops"].get<double>() > 0) expect(c["tflops"].is_number(), where + "FLOPs but no TFLOP/s");
+    expect(c["bytes"].get<double>() > 0, where + "no bytes counted");
+    if (backend == "reference")
+      expect(c["baseline"].value("description", "").find("no baseline") != std::string::npos,
+             where + "the reference backend must state that there is no baseline");
+    else
+      expect(c["ratio"].is_number(), where + "no baseline ratio on the CUDA backend");
+  }
+  if (!c["check"].is_null()) {
+    expect(c["check"].value("ok", false), where + "check failed: " + c["check"].dump());
+    expect(!c["check"]["outputs"].empty() || c["check"].value("status", "") != "ok", where + "check compared nothing");
+  }
+  const std::string command = c.value("command", "");
+  expect(command.find("--filter") != std::string::npos && command.find(expected_name) != std::string::npos,
+         where + "the command does not select the case: " + command);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s RESULTS.json CONFIG.json\n", argv[0]);
+    return 2;
+  }
+  try {
+    const json results = read(argv[1]);
+    const json config = read(argv[2]);
+    expect(results.contains("meta") && results.contains("cases"), "no meta block or no cases");
+    check_meta(results["meta"]);
+    const json& cases = results["cases"];
+    expect(cases.size() == config["cases"].size(), "the results hold " + std::to_string(cases.size()) +
+                                                        " cases, the config " + std::to_string(config["cases"].size()));
+    const std::string backend = results["meta"].value("backend", "");
+    for (size_t i = 0; i < cases.size() && i < config["cases"].size(); ++i)
+      check_case(cases[i], config["cases"][i].value("name", ""), backend);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "check_results: %s\n", e.what());
+    return 1;
+  }
+  if (failures == 0) std::printf("check_results: %s holds every case of %s\n", argv[1], argv[2]);
+  return failures == 0 ? 0 : 1;
+}
