@@ -51,4 +51,5 @@ struct moekit_plan {
   moekit_sparse_ffn_desc_t sparse_ffn;
   size_t workspace_bytes;
   size_t saved_bytes;
+  int32_t kernel_config;  // the backend's kernel choice made by plan_sizes (CUDA grouped GEMM: a GemmTile)
 };

@@ -41,53 +41,9 @@ void upload(DeviceMemory& dst, const std::vector<T>& src) {
   check(cudaMemcpy(dst.data, src.data(), src.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
 }
 
-// Random bf16 values: 8 MiB drawn on the host, then repeated on the device (the timing needs no fresh values).
-void fill_bf16(DeviceMemory& dst, size_t count, unsigned long long seed) {
-  const size_t tile = std::min<size_t>(count, size_t{4} << 20);
-  fill_random_bf16(dst.data, tile, 1.0f, seed);
-  for (size_t done = tile; done < count; done += tile)
-    check(cudaMemcpy(static_cast<uint16_t*>(dst.data) + done, dst.data, std::min(tile, count - done) * 2,
-                     cudaMemcpyDeviceToDevice),
-          "replicate");
-}
-
 moekit_tensor_t view(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
   const moekit_device_t device{MOEKIT_DEVICE_CUDA, 0};
   return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device);
-}
-
-// Random routing: K distinct experts per token; the grouped layout dispatch gives it (stable by expert).
-struct Routing {
-  std::vector<int32_t> offsets, gather_idx, pair_idx, grouped_pos;
-};
-
-Routing random_routing() {
-  std::mt19937_64 rng(7);
-  std::vector<int32_t> expert(kPairs);
-  std::vector<int32_t> ids(kExperts);
-  std::iota(ids.begin(), ids.end(), 0);
-  for (int64_t t = 0; t < kTokens; ++t) {
-    for (int64_t k = 0; k < kTopK; ++k) {
-      std::uniform_int_distribution<int64_t> pick(k, kExperts - 1);
-      std::swap(ids[k], ids[pick(rng)]);
-      expert[t * kTopK + k] = ids[k];
-    }
-  }
-  Routing r;
-  r.offsets.assign(kExperts + 1, 0);
-  for (int32_t e : expert) ++r.offsets[e + 1];
-  for (int64_t e = 0; e < kExperts; ++e) r.offsets[e + 1] += r.offsets[e];
-  std::vector<int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
-  r.gather_idx.resize(kPairs);
-  r.pair_idx.resize(kPairs);
-  r.grouped_pos.resize(kPairs);
-  for (int64_t p = 0; p < kPairs; ++p) {
-    const int32_t i = next[expert[p]]++;
-    r.gather_idx[i] = static_cast<int32_t>(p / kTopK);
-    r.pair_idx[i] = static_cast<int32_t>(p);
-    r.grouped_pos[p] = i;
-  }
-  return r;
 }
 
 struct Row {
@@ -114,7 +70,7 @@ int main() {
     std::printf("device: %s, %d SMs; device copy ceiling (1 GiB, read + write): %.2f TB/s\n", prop.name,
                 prop.multiProcessorCount, copy_tbps);
 
-    const Routing routing = random_routing();
+    const Routing routing = random_routing(kTokens, kExperts, kTopK, 7);
     DeviceMemory grouped_pos(kPairs * 4), gather_idx(kPairs * 4), pair_idx(kPairs * 4), offsets((kExperts + 1) * 4);
     upload(grouped_pos, routing.grouped_pos);
     upload(gather_idx, routing.gather_idx);
@@ -137,7 +93,7 @@ int main() {
       for (int s = 0; s < sets; ++s) {
         ys.push_back(std::make_unique<DeviceMemory>(y_bytes));
         outs.push_back(std::make_unique<DeviceMemory>(out_bytes));
-        fill_bf16(*ys.back(), y_bytes / 2, 100 + s);
+        fill_random_bf16_repeated(ys.back()->data, y_bytes / 2, 1.0f, 100 + s);
       }
       moekit_combine_desc_t desc;
       moekit_combine_desc_init(&desc);
@@ -172,7 +128,7 @@ int main() {
       std::vector<std::unique_ptr<DeviceMemory>> dhs;
       for (int s = 0; s < sets; ++s) {
         dhs.push_back(std::make_unique<DeviceMemory>(dh_bytes));
-        fill_bf16(*dhs.back(), dh_bytes / 2, 200 + s);
+        fill_random_bf16_repeated(dhs.back()->data, dh_bytes / 2, 1.0f, 200 + s);
       }
       DeviceMemory db1(kExperts * kGatedWidth * 2);
       moekit_bias_grad_desc_t desc;
@@ -206,10 +162,10 @@ int main() {
       std::vector<std::unique_ptr<DeviceMemory>> douts;
       for (int s = 0; s < sets; ++s) {
         douts.push_back(std::make_unique<DeviceMemory>(dout_bytes));
-        fill_bf16(*douts.back(), dout_bytes / 2, 300 + s);
+        fill_random_bf16_repeated(douts.back()->data, dout_bytes / 2, 1.0f, 300 + s);
       }
       DeviceMemory b2(kExperts * kHidden * 2), db2(kExperts * kHidden * 2);
-      fill_bf16(b2, kExperts * kHidden, 400);
+      fill_random_bf16_repeated(b2.data, kExperts * kHidden, 1.0f, 400);
       moekit_bias_grad_desc_t desc;
       moekit_bias_grad_desc_init(&desc);
       desc.experts = kExperts;

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 
 #include "numeric.h"
@@ -23,6 +24,15 @@ void check(cudaError_t status, const char* what) {
   if (status == cudaSuccess) return;
   std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
   std::exit(1);
+}
+
+moekit_handle_t cuda_handle() {
+  moekit_handle_desc_t desc;
+  moekit_handle_desc_init(&desc);
+  desc.backend = MOEKIT_BACKEND_CUDA;
+  moekit_handle_t handle = nullptr;
+  check(moekit_handle_create(&desc, &handle), "moekit_handle_create");
+  return handle;
 }
 
 moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape) {
@@ -86,6 +96,45 @@ void fill_random_bf16(void* device, size_t count, float scale, unsigned long lon
   std::vector<uint16_t> host(count);
   for (auto& v : host) v = moekit::float_to_bf16(dist(rng));
   check(cudaMemcpy(device, host.data(), count * 2, cudaMemcpyHostToDevice), "upload");
+}
+
+void fill_random_bf16_repeated(void* device, size_t count, float scale, unsigned long long seed) {
+  const size_t tile = std::min<size_t>(count, size_t{4} << 20);
+  fill_random_bf16(device, tile, scale, seed);
+  for (size_t done = tile; done < count; done += tile)
+    check(cudaMemcpy(static_cast<uint16_t*>(device) + done, device, std::min(tile, count - done) * 2,
+                     cudaMemcpyDeviceToDevice),
+          "replicate");
+}
+
+Routing random_routing(int64_t tokens, int64_t experts, int64_t top_k, unsigned long long seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t pairs = tokens * top_k;
+  std::vector<int32_t> expert(static_cast<size_t>(pairs));
+  std::vector<int32_t> ids(static_cast<size_t>(experts));
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t k = 0; k < top_k; ++k) {
+      std::uniform_int_distribution<int64_t> pick(k, experts - 1);
+      std::swap(ids[static_cast<size_t>(k)], ids[static_cast<size_t>(pick(rng))]);
+      expert[static_cast<size_t>(t * top_k + k)] = ids[static_cast<size_t>(k)];
+    }
+  }
+  Routing r;
+  r.offsets.assign(static_cast<size_t>(experts + 1), 0);
+  for (int32_t e : expert) ++r.offsets[static_cast<size_t>(e + 1)];
+  for (int64_t e = 0; e < experts; ++e) r.offsets[static_cast<size_t>(e + 1)] += r.offsets[static_cast<size_t>(e)];
+  std::vector<int32_t> next(r.offsets.begin(), r.offsets.end() - 1);
+  r.gather_idx.resize(static_cast<size_t>(pairs));
+  r.pair_idx.resize(static_cast<size_t>(pairs));
+  r.grouped_pos.resize(static_cast<size_t>(pairs));
+  for (int64_t p = 0; p < pairs; ++p) {
+    const int32_t i = next[static_cast<size_t>(expert[static_cast<size_t>(p)])]++;
+    r.gather_idx[static_cast<size_t>(i)] = static_cast<int32_t>(p / top_k);
+    r.pair_idx[static_cast<size_t>(i)] = static_cast<int32_t>(p);
+    r.grouped_pos[static_cast<size_t>(p)] = i;
+  }
+  return r;
 }
 
 }  // namespace moekit_bench

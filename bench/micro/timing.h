@@ -19,6 +19,9 @@ namespace moekit_bench {
 void check(moekit_status_t status, const char* what);
 void check(cudaError_t status, const char* what);
 
+// A CUDA-backend handle on device 0 (exits on failure).
+moekit_handle_t cuda_handle();
+
 // A contiguous view of device memory on CUDA device 0.
 moekit_tensor_t device_tensor(void* data, moekit_dtype_t dtype, std::vector<int64_t> shape);
 
@@ -45,5 +48,16 @@ std::string format_row(const std::string& name, const Timing& t, const std::stri
 
 // Fills device memory with uniform random bf16 values in [-scale, scale] (a fixed seed).
 void fill_random_bf16(void* device, size_t count, float scale, unsigned long long seed);
+
+// As fill_random_bf16 for large buffers: 4 Mi values drawn on the host, repeated over the buffer on the device
+// (timings need no fresh values, only no zeros).
+void fill_random_bf16_repeated(void* device, size_t count, float scale, unsigned long long seed);
+
+// Random routing of `tokens` tokens to `top_k` distinct experts each (every pair valid), laid out as dispatch lays
+// it out (SPEC 2: stable by expert): offsets [E+1], gather_idx and pair_idx [P], grouped_pos [P].
+struct Routing {
+  std::vector<int32_t> offsets, gather_idx, pair_idx, grouped_pos;
+};
+Routing random_routing(int64_t tokens, int64_t experts, int64_t top_k, unsigned long long seed);
 
 }  // namespace moekit_bench

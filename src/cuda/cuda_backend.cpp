@@ -59,6 +59,7 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
     check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index_), "router: SM count");
     plan.workspace_bytes = routing::router_workspace_bytes(plan.router.max_tokens, plan.router.experts, sm_count);
   }
+  if (plan.kind == OpKind::gemm) plan_grouped_gemm(plan, device_index_);
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
   if (plan.kind == OpKind::group_select)
@@ -70,9 +71,6 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
 }
 
-void CudaBackend::gemm(const moekit_plan&, const moekit_gemm_args_t&, Workspace, void*) {
-  not_implemented("grouped GEMM");
-}
 void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace, void*) {
   not_implemented("sparse FFN forward");
 }

@@ -46,6 +46,10 @@ class CudaBackend final : public Backend {
   int device_index_;
 };
 
+// plan_sizes of a grouped GEMM plan (src/cuda/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take, else
+// the tile choice (plan.kernel_config) and its workspace size.
+void plan_grouped_gemm(moekit_plan& plan, int device_index);
+
 }  // namespace cuda
 }  // namespace v0
 }  // namespace moekit

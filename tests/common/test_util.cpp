@@ -93,27 +93,37 @@ bool HostTensor::bytes_equal(const HostTensor& other) const {
 
 ErrorMetrics compare(const std::vector<double>& out, const std::vector<double>& ref, int64_t width,
                      const std::vector<int64_t>& segments) {
-  ErrorMetrics m{0, 0, 0, false};
   int64_t rows = width == 0 ? 0 : static_cast<int64_t>(ref.size()) / width;
-  double ref_sq = 0;
-  for (double r : ref) ref_sq += r * r;
-  double eps = 1e-3 * std::sqrt(ref_sq / std::max<double>(1.0, static_cast<double>(ref.size())));
   std::vector<double> row_diff(static_cast<size_t>(rows)), row_ref(static_cast<size_t>(rows));
-  double diff_sq = 0;
+  bool any_nan = false;
   for (int64_t r = 0; r < rows; ++r) {
     double d2 = 0, r2 = 0;
     for (int64_t c = 0; c < width; ++c) {
       size_t i = static_cast<size_t>(r * width + c);
-      if (std::isnan(out[i])) m.any_nan = true;
+      if (std::isnan(out[i])) any_nan = true;
       double d = out[i] - ref[i];
       d2 += d * d;
       r2 += ref[i] * ref[i];
     }
     row_diff[static_cast<size_t>(r)] = d2;
     row_ref[static_cast<size_t>(r)] = r2;
-    diff_sq += d2;
-    m.worst_row = std::max(m.worst_row, std::sqrt(d2) / (std::sqrt(r2) + eps));
   }
+  return metrics_from_row_sums(row_diff, row_ref, width, segments, any_nan);
+}
+
+ErrorMetrics metrics_from_row_sums(const std::vector<double>& row_diff, const std::vector<double>& row_ref,
+                                   int64_t width, const std::vector<int64_t>& segments, bool any_nan) {
+  ErrorMetrics m{0, 0, 0, any_nan};
+  const int64_t rows = static_cast<int64_t>(row_ref.size());
+  double ref_sq = 0, diff_sq = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    ref_sq += row_ref[static_cast<size_t>(r)];
+    diff_sq += row_diff[static_cast<size_t>(r)];
+  }
+  double eps = 1e-3 * std::sqrt(ref_sq / std::max<double>(1.0, static_cast<double>(rows * width)));
+  for (int64_t r = 0; r < rows; ++r)
+    m.worst_row = std::max(m.worst_row, std::sqrt(row_diff[static_cast<size_t>(r)]) /
+                                            (std::sqrt(row_ref[static_cast<size_t>(r)]) + eps));
   m.whole = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
   std::vector<int64_t> bounds = segments.empty() ? std::vector<int64_t>{0, rows} : segments;
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {

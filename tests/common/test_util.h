@@ -57,6 +57,10 @@ struct ErrorMetrics {
 };
 ErrorMetrics compare(const std::vector<double>& out, const std::vector<double>& ref, int64_t width,
                      const std::vector<int64_t>& segments = {});
+// The same metrics from per-row sums over rows of `width` values: row_diff[r] = sum (out - ref)^2,
+// row_ref[r] = sum ref^2; any_nan says whether `out` held a NaN.
+ErrorMetrics metrics_from_row_sums(const std::vector<double>& row_diff, const std::vector<double>& row_ref,
+                                   int64_t width, const std::vector<int64_t>& segments, bool any_nan);
 
 struct Bounds {
   double whole, segment, row;

@@ -1,0 +1,161 @@
+// The grouped GEMM's launches around the tile kernel: the varlen-M row-tile list built on the device from the
+// offsets (no host sync), the choice of the tile kernel instantiation, and DGATED's fixed-order sum of each row's
+// per-column-tile dots into dscores.
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/gemm/grouped_gemm.h"
+#include "error.h"
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace gemm {
+
+namespace {
+
+constexpr int kListThreads = 1024;
+constexpr int kLanes = 32;
+
+// Group e's rows [lo, hi), the offsets clamped to the call's rows (so a bad offsets tensor cannot send a tile
+// outside the operands).
+__device__ __forceinline__ void group_rows(const int32_t* offsets, int64_t e, int64_t rows, int64_t& lo, int64_t& hi) {
+  hi = min(max(static_cast<int64_t>(offsets[e + 1]), int64_t{0}), rows);
+  lo = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), hi);
+}
+
+// One block: tile_starts[e] = sum over groups before e of ceil(rows_e / bm) (a block scan over chunks of 1024
+// groups), then one (group, first row, end row) entry per row tile, in group order.
+__global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int32_t* offsets, int64_t groups,
+                                                                       int64_t rows, int64_t bm, int64_t max_tiles,
+                                                                       int32_t* tile_count, int32_t* tile_starts,
+                                                                       int4* tile_list) {
+  __shared__ int32_t warp_totals[kListThreads / kLanes];
+  __shared__ int32_t carry;
+  const int tid = static_cast<int>(threadIdx.x), lane = tid % kLanes, warp = tid / kLanes;
+  if (tid == 0) carry = 0;
+  __syncthreads();
+  for (int64_t chunk = 0; chunk < groups; chunk += kListThreads) {
+    const int64_t e = chunk + tid;
+    int32_t tiles = 0;
+    if (e < groups) {
+      int64_t lo, hi;
+      group_rows(offsets, e, rows, lo, hi);
+      tiles = static_cast<int32_t>((hi - lo + bm - 1) / bm);
+    }
+    int32_t inclusive = tiles;
+#pragma unroll
+    for (int d = 1; d < kLanes; d *= 2) {
+      const int32_t other = __shfl_up_sync(0xffffffffu, inclusive, d);
+      if (lane >= d) inclusive += other;
+    }
+    if (lane == kLanes - 1) warp_totals[warp] = inclusive;
+    __syncthreads();
+    if (warp == 0) {
+      int32_t total = warp_totals[lane];
+#pragma unroll
+      for (int d = 1; d < kLanes; d *= 2) {
+        const int32_t other = __shfl_up_sync(0xffffffffu, total, d);
+        if (lane >= d) total += other;
+      }
+      warp_totals[lane] = total;
+    }
+    __syncthreads();
+    const int32_t before = (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - tiles;
+    if (e < groups) tile_starts[e] = carry + before;
+    __syncthreads();
+    if (tid == 0) carry += warp_totals[kListThreads / kLanes - 1];
+    __syncthreads();
+  }
+  const int64_t total = min(static_cast<int64_t>(carry), max_tiles);
+  if (tid == 0) {
+    tile_starts[groups] = carry;
+    *tile_count = static_cast<int32_t>(total);
+  }
+  __syncthreads();  // tile_starts is complete and visible to the whole block
+  for (int64_t t = tid; t < total; t += kListThreads) {
+    // The last group whose first tile is <= t (empty groups share their successor's start and are skipped).
+    int64_t lo_e = 0, hi_e = groups - 1;
+    while (lo_e < hi_e) {
+      const int64_t mid = (lo_e + hi_e + 1) / 2;
+      if (tile_starts[mid] <= t)
+        lo_e = mid;
+      else
+        hi_e = mid - 1;
+    }
+    int64_t lo, hi;
+    group_rows(offsets, lo_e, rows, lo, hi);
+    const int64_t first = lo + (t - tile_starts[lo_e]) * bm;
+    tile_list[t] = make_int4(static_cast<int>(lo_e), static_cast<int>(first), static_cast<int>(hi), 0);
+  }
+}
+
+// dscores[pair_idx[r]] = sum over column tiles (ascending) of ds_partials[r, tile], for every grouped row.
+__global__ void sum_row_dots_kernel(const int32_t* offsets, int64_t groups, int64_t rows, const float* partials,
+                                    int64_t n_tiles, const int32_t* pair_idx, float* dscores) {
+  const int64_t end = min(max(static_cast<int64_t>(offsets[groups]), int64_t{0}), rows);
+  const int64_t begin = min(max(static_cast<int64_t>(offsets[0]), int64_t{0}), end);
+  const int64_t r = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (r >= end) return;
+  float sum = 0.0f;
+  for (int64_t t = 0; t < n_tiles; ++t) sum += partials[r * n_tiles + t];
+  dscores[pair_idx[r]] = sum;
+}
+
+using TileLauncher = void (*)(const GroupedGemmProblem&, cudaStream_t);
+
+template <int32_t Dtype, GemmTile Tile>
+TileLauncher launcher_for_operands(Operands op) {
+  switch (op) {
+    case Operands::varlen_m_nk: return launch_gemm_tiles<Dtype, Tile, Operands::varlen_m_nk>;
+    case Operands::varlen_m_kn: return launch_gemm_tiles<Dtype, Tile, Operands::varlen_m_kn>;
+    default: return launch_gemm_tiles<Dtype, Tile, Operands::varlen_k>;
+  }
+}
+
+template <int32_t Dtype>
+TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
+  return tile == GemmTile::m128_n256 ? launcher_for_operands<Dtype, GemmTile::m128_n256>(op)
+                                     : launcher_for_operands<Dtype, GemmTile::m128_n128>(op);
+}
+
+}  // namespace
+
+void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, const GemmWorkspaceLayout& layout, void* workspace,
+                      cudaStream_t stream) {
+  auto* base = static_cast<unsigned char*>(workspace);
+  p.m_tiles = layout.m_tiles;
+  p.n_tiles = layout.n_tiles;
+  const bool varlen_m = p.mode == MOEKIT_GEMM_VARLEN_M;
+  if (varlen_m) {
+    p.tile_count = reinterpret_cast<int32_t*>(base + layout.tile_count);
+    p.tile_starts = reinterpret_cast<int32_t*>(base + layout.tile_starts);
+    p.tile_list = reinterpret_cast<int32_t*>(base + layout.tile_list);
+    if (p.epilogue == MOEKIT_EPILOGUE_DGATED) p.ds_partials = reinterpret_cast<float*>(base + layout.ds_partials);
+    build_row_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.offsets, p.groups, p.rows, gemm_tile_shape(tile).bm,
+                                                           p.m_tiles, p.tile_count, p.tile_starts,
+                                                           reinterpret_cast<int4*>(p.tile_list));
+    check_launch("grouped GEMM: row tile list");
+  }
+  const Operands op = !varlen_m                        ? Operands::varlen_k
+                      : p.b_layout == MOEKIT_GEMM_B_NK ? Operands::varlen_m_nk
+                                                       : Operands::varlen_m_kn;
+  const TileLauncher launch = p.dtype == MOEKIT_DTYPE_BF16 ? launcher_for_tile<MOEKIT_DTYPE_BF16>(tile, op)
+                                                           : launcher_for_tile<MOEKIT_DTYPE_FP16>(tile, op);
+  launch(p, stream);
+  if (varlen_m && p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0) {
+    constexpr int threads = 256;
+    const auto blocks = static_cast<unsigned>((p.rows + threads - 1) / threads);
+    sum_row_dots_kernel<<<blocks, threads, 0, stream>>>(p.offsets, p.groups, p.rows, p.ds_partials, p.n_tiles,
+                                                        p.pair_idx, p.dscores);
+    check_launch("grouped GEMM: row dots");
+  }
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

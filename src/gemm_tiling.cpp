@@ -1,0 +1,91 @@
+#include "gemm_tiling.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+namespace moekit {
+inline namespace v0 {
+
+namespace {
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+bool gated_activation(int32_t activation) {
+  return activation == MOEKIT_ACT_SWIGLU || activation == MOEKIT_ACT_GEGLU || activation == MOEKIT_ACT_REGLU ||
+         activation == MOEKIT_ACT_SWIGLU_OAI;
+}
+
+// Column tiles of width bn covering the product, times the row tiles (or C tiles of every group for varlen K).
+int64_t tile_count(const GemmShape& s, GemmTileShape t) {
+  if (s.mode == MOEKIT_GEMM_VARLEN_K) return s.groups * ceil_div(s.m, t.bm) * ceil_div(s.n, t.bn);
+  return ceil_div(s.max_rows, t.bm) * ceil_div(s.n, t.bn);
+}
+
+}  // namespace
+
+GemmTileShape gemm_tile_shape(GemmTile tile) {
+  return tile == GemmTile::m128_n256 ? GemmTileShape{128, 256} : GemmTileShape{128, 128};
+}
+
+const char* gemm_tile_name(GemmTile tile) { return tile == GemmTile::m128_n256 ? "128x256" : "128x128"; }
+
+GemmShape gemm_shape(const moekit_gemm_desc_t& d) {
+  GemmShape s{};
+  s.mode = d.mode;
+  s.groups = d.groups;
+  s.max_rows = d.max_rows;
+  if (d.mode == MOEKIT_GEMM_VARLEN_K) {
+    s.m = d.k;
+    s.n = d.n;
+    return s;
+  }
+  s.k = d.k;
+  s.n = d.epilogue == MOEKIT_EPILOGUE_DGATED && gated_activation(d.activation) ? d.n / 2 : d.n;
+  return s;
+}
+
+GemmTile choose_gemm_tile(const GemmShape& s, int sm_count) {
+  if (s.n <= 128) return GemmTile::m128_n128;
+  // NOTE: e.g. n = 384 pads to 512 with 256-wide tiles (a third more MMA work) but not with 128-wide ones.
+  if (ceil_div(s.n, 256) * 256 * 8 > ceil_div(s.n, 128) * 128 * 9) return GemmTile::m128_n128;
+  if (tile_count(s, gemm_tile_shape(GemmTile::m128_n256)) < sm_count) return GemmTile::m128_n128;
+  return GemmTile::m128_n256;
+}
+
+GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count) {
+  const char* forced = std::getenv("MOEKIT_GEMM_TILE");
+  if (forced != nullptr) {
+    for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128})
+      if (std::strcmp(forced, gemm_tile_name(tile)) == 0) return tile;
+  }
+  return choose_gemm_tile(shape, sm_count);
+}
+
+GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, GemmTile tile) {
+  const GemmShape s = gemm_shape(d);
+  const GemmTileShape t = gemm_tile_shape(tile);
+  GemmWorkspaceLayout layout{};
+  layout.n_tiles = ceil_div(s.n, t.bn);
+  size_t offset = 0;
+  if (d.mode == MOEKIT_GEMM_VARLEN_M) {
+    // Each non-empty group adds at most one partial tile to ceil(rows / bm); at most min(E, rows) are non-empty.
+    layout.m_tiles = (d.max_rows + std::min(d.groups, d.max_rows) * (t.bm - 1)) / t.bm;
+    layout.tile_count = offset;
+    offset += align256(sizeof(int32_t));
+    layout.tile_starts = offset;
+    offset += align256(sizeof(int32_t) * static_cast<size_t>(d.groups + 1));
+    layout.tile_list = offset;
+    offset += align256(4 * sizeof(int32_t) * static_cast<size_t>(layout.m_tiles));
+    if (d.epilogue == MOEKIT_EPILOGUE_DGATED) {
+      layout.ds_partials = offset;
+      offset += align256(sizeof(float) * static_cast<size_t>(d.max_rows) * static_cast<size_t>(layout.n_tiles));
+    }
+  }
+  layout.bytes = offset;
+  return layout;
+}
+
+}  // namespace v0
+}  // namespace moekit

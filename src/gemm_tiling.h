@@ -1,0 +1,65 @@
+// Host decisions of the CUDA grouped GEMM (SPEC section 5), pure functions so the CPU tests can check them:
+// which tile shape a problem gets, and how the workspace is laid out for it. The plan calls both once; the run
+// reads the plan's choice, so the workspace size and the kernels' layout cannot disagree.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+
+// The CTA tile shapes cuda/gemm/ is built for (M x N, reduction slices of 64, 8 warps of 64x64 or 64x32).
+enum class GemmTile : int32_t {
+  m128_n256 = 0,
+  m128_n128 = 1,
+};
+
+struct GemmTileShape {
+  int64_t bm;  // rows of C per tile (varlen M: grouped rows; varlen K: C's middle dim)
+  int64_t bn;  // columns of C per tile
+};
+
+GemmTileShape gemm_tile_shape(GemmTile tile);
+const char* gemm_tile_name(GemmTile tile);  // "128x256", ...
+
+// The GEMM's dimensions as the kernels see them. varlen M: C [rows, n] = A [rows, k] B_e; varlen K:
+// C[e] [m, n] = A_e^T B_e over each group's rows.
+struct GemmShape {
+  int32_t mode;      // moekit_gemm_mode_t
+  int64_t groups;    // E
+  int64_t max_rows;  // bound of the grouped rows of a call
+  int64_t m;         // varlen K only: C's middle dim (desc.k)
+  int64_t n;         // the product's width: desc.n, or for DGATED the activation width (n/2 when gated)
+  int64_t k;         // varlen M only: the reduction length
+};
+
+// The kernels' view of a validated descriptor.
+GemmShape gemm_shape(const moekit_gemm_desc_t& desc);
+
+// The tile for a problem on a device with `sm_count` multiprocessors: 128x128 when the product is at most 128
+// wide, when 256-wide tiles would pad the columns by more than an eighth over 128-wide ones, or when 128x256
+// tiles would not fill one wave of the device; 128x256 otherwise (fewer operand bytes per FLOP).
+GemmTile choose_gemm_tile(const GemmShape& shape, int sm_count);
+
+// choose_gemm_tile, unless the environment variable MOEKIT_GEMM_TILE names a tile ("128x256", "128x128"):
+// then that one (tests use it to run every tile on small shapes).
+GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count);
+
+// The workspace of one grouped GEMM run (offsets in bytes, 256-byte aligned; unused parts have size 0).
+struct GemmWorkspaceLayout {
+  int64_t m_tiles;      // varlen M: bound of the row tiles of all groups together (each group's last may be partial)
+  int64_t n_tiles;      // column tiles of the product
+  size_t tile_count;    // int32 [1]: the row tiles of this call (varlen M)
+  size_t tile_starts;   // int32 [E+1]: each group's first row tile (varlen M)
+  size_t tile_list;     // int4 [m_tiles]: (group, first row, end row, 0) of every row tile (varlen M)
+  size_t ds_partials;   // fp32 [max_rows, n_tiles]: DGATED's per-tile row dots dA . a
+  size_t bytes;
+};
+
+GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& desc, GemmTile tile);
+
+}  // namespace v0
+}  // namespace moekit

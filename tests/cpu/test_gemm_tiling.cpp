@@ -1,0 +1,101 @@
+// The CUDA grouped GEMM's host decisions (src/gemm_tiling.h), pure functions checked without a GPU: the tile
+// heuristic over a table of shapes, the MOEKIT_GEMM_TILE override, and the workspace layout's bounds.
+#include <catch2/catch.hpp>
+
+#include <cstdlib>
+
+#include "gemm_tiling.h"
+
+using moekit::GemmShape;
+using moekit::GemmTile;
+using moekit::gemm_shape;
+using moekit::gemm_tile_shape;
+using moekit::gemm_workspace_layout;
+
+namespace {
+
+GemmShape varlen_m(int64_t groups, int64_t rows, int64_t n, int64_t k) {
+  return GemmShape{MOEKIT_GEMM_VARLEN_M, groups, rows, 0, n, k};
+}
+GemmShape varlen_k(int64_t groups, int64_t rows, int64_t m, int64_t n) {
+  return GemmShape{MOEKIT_GEMM_VARLEN_K, groups, rows, m, n, 0};
+}
+
+moekit_gemm_desc_t desc(int32_t mode, int32_t epilogue, int32_t activation, int64_t groups, int64_t rows, int64_t n,
+                        int64_t k) {
+  moekit_gemm_desc_t d;
+  moekit_gemm_desc_init(&d);
+  d.mode = mode;
+  d.epilogue = epilogue;
+  d.activation = activation;
+  d.groups = groups;
+  d.max_rows = rows;
+  d.n = n;
+  d.k = k;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("gemm tiling: the heuristic's choices", "[gemm]") {
+  constexpr int sms = 132;
+  // The timing shapes: wide products with thousands of tiles take 128x256.
+  CHECK(choose_gemm_tile(varlen_m(128, 131072, 2048, 4096), sms) == GemmTile::m128_n256);
+  CHECK(choose_gemm_tile(varlen_k(128, 131072, 2048, 4096), sms) == GemmTile::m128_n256);
+  // At most 128 wide: 128x128.
+  CHECK(choose_gemm_tile(varlen_m(128, 131072, 128, 4096), sms) == GemmTile::m128_n128);
+  CHECK(choose_gemm_tile(varlen_k(8, 4096, 1024, 64), sms) == GemmTile::m128_n128);
+  // 384 and 640 wide pad by a third / a fifth with 256-wide tiles, not at all with 128-wide ones.
+  CHECK(choose_gemm_tile(varlen_m(64, 65536, 384, 1536), sms) == GemmTile::m128_n128);
+  CHECK(choose_gemm_tile(varlen_m(64, 65536, 640, 1536), sms) == GemmTile::m128_n128);
+  CHECK(choose_gemm_tile(varlen_m(64, 65536, 1280, 1536), sms) == GemmTile::m128_n256);
+  // Fewer 128x256 tiles than SMs: the smaller tile fills more of the device.
+  CHECK(choose_gemm_tile(varlen_m(4, 1024, 1024, 1024), sms) == GemmTile::m128_n128);
+  CHECK(choose_gemm_tile(varlen_k(2, 1024, 512, 512), sms) == GemmTile::m128_n128);
+}
+
+TEST_CASE("gemm tiling: DGATED tiles the activation width, varlen K the C matrix", "[gemm]") {
+  const moekit_gemm_desc_t dgated =
+      desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_DGATED, MOEKIT_ACT_SWIGLU, 128, 65536, 2048, 4096);
+  CHECK(gemm_shape(dgated).n == 1024);
+  CHECK(gemm_shape(dgated).k == 4096);
+  const moekit_gemm_desc_t plain = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_DGATED, MOEKIT_ACT_RELU, 128, 65536, 1024, 4096);
+  CHECK(gemm_shape(plain).n == 1024);
+  const moekit_gemm_desc_t wgrad = desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, MOEKIT_ACT_SWIGLU, 8, 4096, 512, 256);
+  CHECK(gemm_shape(wgrad).m == 256);
+  CHECK(gemm_shape(wgrad).n == 512);
+}
+
+TEST_CASE("gemm tiling: MOEKIT_GEMM_TILE overrides the heuristic", "[gemm]") {
+  const GemmShape wide = varlen_m(128, 131072, 2048, 4096);
+  setenv("MOEKIT_GEMM_TILE", "128x128", 1);
+  CHECK(choose_gemm_tile_or_override(wide, 132) == GemmTile::m128_n128);
+  setenv("MOEKIT_GEMM_TILE", "nonsense", 1);
+  CHECK(choose_gemm_tile_or_override(wide, 132) == GemmTile::m128_n256);
+  unsetenv("MOEKIT_GEMM_TILE");
+  CHECK(choose_gemm_tile_or_override(wide, 132) == GemmTile::m128_n256);
+}
+
+TEST_CASE("gemm tiling: the workspace holds every row tile and every DGATED partial", "[gemm]") {
+  for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128}) {
+    const int64_t bm = gemm_tile_shape(tile).bm, bn = gemm_tile_shape(tile).bn;
+    // 7 groups of 1 row: 7 tiles, not ceil(7 / bm).
+    moekit::GemmWorkspaceLayout small =
+        gemm_workspace_layout(desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_STORE, 0, 7, 7, 64, 64), tile);
+    CHECK(small.m_tiles == 7);
+    CHECK(small.ds_partials == 0);
+    // Counts that are no tile multiple: the bound covers one partial tile per group.
+    const moekit_gemm_desc_t d =
+        desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_DGATED, MOEKIT_ACT_SWIGLU, 128, 131072 + 77, 2048, 4096);
+    const moekit::GemmWorkspaceLayout layout = gemm_workspace_layout(d, tile);
+    CHECK(layout.m_tiles >= (131072 + 77) / bm + 1);
+    CHECK(layout.m_tiles <= (131072 + 77) / bm + 128);
+    CHECK(layout.n_tiles == (1024 + bn - 1) / bn);
+    CHECK(layout.tile_list % 256 == 0);
+    CHECK(layout.ds_partials % 256 == 0);
+    CHECK(layout.bytes >= layout.ds_partials + 4 * static_cast<size_t>((131072 + 77) * layout.n_tiles));
+    CHECK(layout.bytes >= layout.tile_list + 16 * static_cast<size_t>(layout.m_tiles));
+    // varlen K needs no workspace.
+    CHECK(gemm_workspace_layout(desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, 0, 8, 4096, 512, 256), tile).bytes == 0);
+  }
+}
