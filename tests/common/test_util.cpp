@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 #include "numeric.h"
 
@@ -126,6 +128,12 @@ ErrorMetrics metrics_from_row_sums(const std::vector<double>& row_diff, const st
                                             (std::sqrt(row_ref[static_cast<size_t>(r)]) + eps));
   m.whole = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
   std::vector<int64_t> bounds = segments.empty() ? std::vector<int64_t>{0, rows} : segments;
+  // NOTE: segments count rows of `width` values; a bound past the rows is a caller's mistake (e.g. the rows of a
+  // [E, M, N] tensor taken as E rows of M*N), never read past.
+  for (int64_t b : bounds)
+    if (b < 0 || b > rows)
+      throw std::invalid_argument("compare: segment bound " + std::to_string(b) + " outside the " +
+                                  std::to_string(rows) + " rows of width " + std::to_string(width));
   for (size_t s = 0; s + 1 < bounds.size(); ++s) {
     double d2 = 0, r2 = 0;
     for (int64_t r = bounds[s]; r < bounds[s + 1]; ++r) {
