@@ -215,7 +215,8 @@ std::vector<int64_t> blocks_of(int64_t blocks, int64_t rows) {
 
 void require_close(const char* name, const HostTensor& cuda, const HostTensor& ref, moekit_dtype_t dtype,
                    const std::vector<int64_t>& segments = {}) {
-  const moekit_test::ErrorMetrics m = moekit_test::compare(cuda.values(), ref.values(), ref.row_width(), segments);
+  // Rows are the last dimension; a weight gradient [E, M, N] has E * M rows and segments of M rows.
+  const moekit_test::ErrorMetrics m = moekit_test::compare(cuda.values(), ref.values(), ref.shape().back(), segments);
   INFO(name << ": " << moekit_test::describe(m));
   REQUIRE(moekit_test::within(m, moekit_test::bounds_for(dtype)));
 }

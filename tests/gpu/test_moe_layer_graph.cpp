@@ -69,6 +69,8 @@ struct DeviceLayer {
     db1 = random({kExperts, 2 * kInter}, 1.0);
     dw2 = random({kExperts, kHidden, kInter}, 1.0);
     db2 = random({kExperts, kHidden}, 1.0);
+    // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layer runs on non-blocking streams.
+    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   ~DeviceLayer() { moekit_plan_destroy(plan); }
 
@@ -113,7 +115,15 @@ struct DeviceLayer {
 void require_same(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
   REQUIRE(a.size() == b.size());
   for (size_t i = 0; i < a.size(); ++i) {
-    INFO("result " << i << " (out, dx, dWr, dW1, db1, dW2, db2)");
+    const std::vector<double> va = a[i].values(), vb = b[i].values();
+    int64_t differing = 0, first = -1;
+    for (size_t j = 0; j < va.size(); ++j)
+      if (!(va[j] == vb[j]) && !(std::isnan(va[j]) && std::isnan(vb[j]))) {
+        if (first < 0) first = static_cast<int64_t>(j);
+        ++differing;
+      }
+    INFO("result " << i << " (out, dx, dWr, dW1, db1, dW2, db2): " << differing << " of " << va.size()
+                   << " elements differ, the first at " << first);
     REQUIRE(a[i].bytes_equal(b[i]));
   }
 }
@@ -148,6 +158,7 @@ TEST_CASE("a captured forward + backward replays with new routing each time, bit
     INFO("replay " << replay);
     const HostTensor x = random_tokens(rng);
     layer.x.upload(x);
+    CUDA_REQUIRE(cudaDeviceSynchronize());  // the upload must land before the non-blocking stream reads x
     CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
     CUDA_REQUIRE(cudaStreamSynchronize(stream));
     const std::vector<HostTensor> replayed = layer.results();

@@ -38,11 +38,12 @@ def backend_agreement(tolerance=1e-2):
         results = []
         for device in ("cpu", "cuda"):
             layer.to(device)
-            leaf = x.to(device).requires_grad_()
+            leaf = x.to(device).detach().requires_grad_()
             layer.zero_grad(set_to_none=True)
             out = layer(leaf)
             out.backward(dout.to(device))
-            results.append([out.cpu(), leaf.grad.cpu()] + [p.grad.cpu() for p in layer.parameters()])
+            # NOTE: copies: moving the module to the next device swaps its gradients' storage in place.
+            results.append([t.detach().to("cpu", copy=True) for t in [out, leaf.grad, *(q.grad for q in layer.parameters())]])
         errors = [layer_checks.relative_error(cuda, ref) for cuda, ref in zip(results[1], results[0])]
         print("  %s: CUDA vs reference backend, out / dx / weight grads: %s" % (
             type(layer).__name__, " ".join("%.2e" % e for e in errors)))
