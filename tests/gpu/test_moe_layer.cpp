@@ -394,3 +394,108 @@ TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 eleme
     REQUIRE(moekit_test::within(m, moekit_test::bounds_for(c.dtype)));
   }
 }
+
+namespace {
+
+struct ExpertsOutputs {
+  HostTensor y, dx, dw1, db1, dw2, db2;
+};
+
+// The experts-only layer on grouped rows: forward then backward on `handle`.
+ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c, Inputs& in, HostTensor& offsets,
+                           int64_t rows) {
+  const int64_t H = c.hidden, E = c.experts;
+  moekit_moe_desc_t d = layer_desc(c);
+  d.max_tokens = rows;
+  moekit_plan_t plan = nullptr;
+  MOEKIT_REQUIRE_OK(moekit_experts_plan_create(handle, &d, &plan));
+  size_t saved_bytes = 0, workspace_bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  ExpertsOutputs o;
+  o.y = HostTensor(c.dtype, {rows, H});
+  o.dx = HostTensor(c.dtype, {rows, H});
+  o.dw1 = HostTensor(c.dtype, {E, c.hw(), H});
+  o.db1 = HostTensor(c.dtype, {E, c.hw()});
+  o.dw2 = HostTensor(c.dtype, {E, H, c.inter});
+  o.db2 = HostTensor(c.dtype, {E, H});
+  for (HostTensor* t : {&o.y, &o.dx, &o.dw1, &o.db1, &o.dw2, &o.db2}) t->poison();
+
+  Placement at(device);
+  moekit_experts_fwd_args_t f;
+  moekit_experts_fwd_args_init(&f);
+  f.x = at.put(in.x);
+  f.offsets = at.put(offsets);
+  f.w1 = at.put(in.w1);
+  f.w2 = at.put(in.w2);
+  if (c.biases) {
+    f.b1 = at.put(in.b1);
+    f.b2 = at.put(in.b2);
+  }
+  f.y = at.put(o.y);
+  void* saved = at.buffer(saved_bytes);
+  void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_experts_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  moekit_experts_bwd_args_t b;
+  moekit_experts_bwd_args_init(&b);
+  b.x = f.x;
+  b.offsets = f.offsets;
+  b.w1 = f.w1;
+  b.w2 = f.w2;
+  b.dy = at.put(in.dout);
+  b.dx = at.put(o.dx);
+  b.dw1 = at.put(o.dw1);
+  b.dw2 = at.put(o.dw2);
+  if (c.biases) {
+    b.db1 = at.put(o.db1);
+    b.db2 = at.put(o.db2);
+  }
+  MOEKIT_REQUIRE_OK(moekit_experts_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  at.fetch();
+  moekit_plan_destroy(plan);
+  return o;
+}
+
+}  // namespace
+
+// Grouped rows with counts 0, 1, 127, 128, 129 and others (tile +- 1 for both tile heights), three rows past
+// offsets[E] that must stay untouched (poisoned: the comparison would see NaN).
+TEST_CASE("CUDA experts-only layer matches the reference on grouped rows", "[gpu][layer][experts][sanitize]") {
+  for (int32_t activation : {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_RELU2}) {
+    Config c;
+    c.activation = activation;
+    c.experts = c.router_experts = 8;
+    const std::vector<int64_t> counts = {0, 1, 127, 128, 129, 0, 40, 255};
+    int64_t grouped = 0;
+    for (int64_t n : counts) grouped += n;
+    c.tokens = grouped + 3;  // x, dy: the grouped rows and 3 past offsets[E]
+    INFO(c.describe());
+    std::mt19937_64 rng(77 + static_cast<uint64_t>(activation));
+    Inputs in(c, rng);
+    HostTensor offsets(MOEKIT_DTYPE_INT32, {c.experts + 1});
+    int64_t at = 0;
+    offsets.set(0, 0);
+    for (int64_t e = 0; e < c.experts; ++e) offsets.set(e + 1, static_cast<double>(at += counts[static_cast<size_t>(e)]));
+    Handles h;
+    const ExpertsOutputs ref = run_experts(h.reference, false, c, in, offsets, c.tokens);
+    const ExpertsOutputs gpu = run_experts(h.cuda, true, c, in, offsets, c.tokens);
+    // Rows past offsets[E] are untouched: both sides keep the poison there, which compare() would count as NaN.
+    const int64_t H = c.hidden;
+    for (const HostTensor* t : {&gpu.y, &gpu.dx}) {
+      const std::vector<double> v = t->values();
+      for (int64_t i = grouped * H; i < c.tokens * H; ++i) REQUIRE(std::isnan(v[static_cast<size_t>(i)]));
+    }
+    auto grouped_rows = [&](const HostTensor& t) {
+      HostTensor head(t.dtype(), {grouped, H});
+      const std::vector<double> v = t.values();
+      head.set_values(std::vector<double>(v.begin(), v.begin() + grouped * H));
+      return head;
+    };
+    require_close("y", grouped_rows(gpu.y), grouped_rows(ref.y), c.dtype);
+    require_close("dx", grouped_rows(gpu.dx), grouped_rows(ref.dx), c.dtype);
+    require_close("dW1", gpu.dw1, ref.dw1, c.dtype, blocks_of(c.experts, c.hw()));
+    require_close("dW2", gpu.dw2, ref.dw2, c.dtype, blocks_of(c.experts, c.hidden));
+    require_close("db1", gpu.db1, ref.db1, c.dtype);
+    require_close("db2", gpu.db2, ref.db2, c.dtype);
+  }
+}
