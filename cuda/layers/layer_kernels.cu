@@ -1,7 +1,8 @@
-// The layers' small kernels (layer_kernels.h). Grid-stride loops with 64-bit indices; 256-thread blocks.
+// The layers' small kernels (layer_kernels.h), in the launch shape of grid_stride.cuh.
 #include "cuda/layers/layer_kernels.h"
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/layers/grid_stride.cuh"
 
 namespace moekit {
 inline namespace v0 {
@@ -10,27 +11,18 @@ namespace layers {
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned blocks_for(int64_t count) {
-  const int64_t blocks = (count + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : blocks > 4096 ? 4096 : blocks);
-}
-
 __global__ void write_header_kernel(SavedHeader* saved, SavedHeader header) { *saved = header; }
 
 __global__ void widen_kernel(const int32_t* src, int64_t rows, int64_t cols, int64_t* dst, int64_t dst_stride) {
   const int64_t count = rows * cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+  for (int64_t i = first_item(); i < count; i += item_step())
     dst[(i / cols) * dst_stride + i % cols] = src[i];
 }
 
 __global__ void ones_iota_kernel(float* ones, int32_t* iota, int64_t count) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+  for (int64_t i = first_item(); i < count; i += item_step()) {
     ones[i] = 1.0f;
-    iota[i] = static_cast<int32_t>(i);
+    if (iota != nullptr) iota[i] = static_cast<int32_t>(i);
   }
 }
 

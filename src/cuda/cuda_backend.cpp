@@ -15,14 +15,6 @@ namespace moekit {
 inline namespace v0 {
 namespace cuda {
 
-namespace {
-
-[[noreturn]] void not_implemented(const char* operation) {
-  throw_not_supported(std::string(operation) + ": the CUDA backend does not implement this operation yet");
-}
-
-}  // namespace
-
 CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
@@ -66,17 +58,10 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
     plan.workspace_bytes = sparse_ffn::group_select_layout(plan.sparse_ffn).total_bytes;
   if (plan.kind == OpKind::moe_layer) moe_layer_sizes(plan);
   if (plan.kind == OpKind::experts) experts_layer_sizes(plan);
+  if (plan.kind == OpKind::sparse_ffn_layer) sparse_ffn_layer_sizes(plan);
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
-}
-
-void CudaBackend::sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void*, Workspace, void*) {
-  not_implemented("sparse FFN forward");
-}
-void CudaBackend::sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void*, Workspace,
-                                      void*) {
-  not_implemented("sparse FFN backward");
 }
 
 }  // namespace cuda

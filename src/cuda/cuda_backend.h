@@ -1,5 +1,5 @@
-// The CUDA backend (sm_90): creating one checks that the device exists and is a Hopper GPU. An operation it does
-// not implement yet reports NOT_SUPPORTED, so a framework falls back to another path.
+// The CUDA backend (sm_90): creating one checks that the device exists and is a Hopper GPU. A shape or dtype its
+// kernels do not serve reports NOT_SUPPORTED, so a framework falls back to another path.
 #pragma once
 
 #include "backend.h"
@@ -41,7 +41,8 @@ class CudaBackend final : public Backend {
   // plan_sizes of a MoE layer plan (moe_layer_ops.cpp): the building blocks' plans sized, then the workspace and
   // saved sections laid out.
   void moe_layer_sizes(moekit_plan& plan) const;
-  void experts_layer_sizes(moekit_plan& plan) const;  // experts_layer_ops.cpp
+  void experts_layer_sizes(moekit_plan& plan) const;     // experts_layer_ops.cpp
+  void sparse_ffn_layer_sizes(moekit_plan& plan) const;  // sparse_ffn_layer_ops.cpp
 
   int device_index_;
 };

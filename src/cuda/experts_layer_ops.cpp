@@ -75,10 +75,8 @@ void CudaBackend::experts_layer_sizes(moekit_plan& plan) const {
     throw_not_supported("dtype: the CUDA experts layer takes bf16 or fp16 storage");
   ExpertMlpPlans p = experts_plans(plan);
   size_all(*this, p, !d.inference);
-  const ExpertsBuffers forward = experts_buffers(plan, p, nullptr, nullptr, false);
-  const ExpertsBuffers backward = experts_buffers(plan, p, nullptr, nullptr, true);
-  plan.workspace_bytes = d.inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
-  plan.saved_bytes = forward.saved_end;
+  set_layer_sizes(plan, d.inference,
+                  [&](bool backward) { return experts_buffers(plan, p, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,

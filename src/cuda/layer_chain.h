@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 #include <library_types.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -41,6 +42,17 @@ class Carve {
   size_t end_;
 };
 
+// A layer plan's sizes from its buffer layout, `layout(backward)` measuring one direction's carving: forward and
+// backward share the workspace (the larger of the two; the forward's alone in inference mode), and the forward
+// fills the saved buffer.
+template <class Layout>
+void set_layer_sizes(moekit_plan& plan, bool inference, Layout layout) {
+  const auto forward = layout(false);
+  const auto backward = layout(true);
+  plan.workspace_bytes = inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
+  plan.saved_bytes = forward.saved_end;
+}
+
 // A sub-plan of `layer` for one building block; its descriptor is filled by the caller.
 inline moekit_plan sub_plan(const moekit_plan& layer, OpKind kind) {
   moekit_plan p{};
@@ -63,6 +75,10 @@ inline moekit_tensor_t first_rows(moekit_tensor_t t, int64_t rows) {
   t.shape[0] = rows;
   return t;
 }
+
+// The element distance between the rows of a rank-2 view. A view of one row may carry any stride (capi allows it);
+// its rows are never stepped over, so the dense width stands in.
+inline int64_t row_stride(const moekit_tensor_t& t) { return t.shape[0] > 1 ? t.stride[0] : t.shape[1]; }
 
 inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
 
@@ -145,6 +161,72 @@ inline ExpertMlpPlans expert_mlp_plans(const moekit_plan& layer, GroupedRows row
   p.db2 = sub_plan(layer, OpKind::bias_grad);
   p.db2.bias_grad = bias_grad_desc(d, rows, d.hidden);
   return p;
+}
+
+// The dispatch CSR of a routed layer's call (SPEC 2), carved from the workspace: E+1 offsets and three [P] maps.
+struct Routing {
+  int32_t *offsets, *gather_idx, *pair_idx, *grouped_pos;
+};
+
+inline Routing take_routing(Carve& ws, int64_t experts, int64_t pairs) {
+  Routing r;
+  r.offsets = ws.take<int32_t>(experts + 1);
+  r.gather_idx = ws.take<int32_t>(pairs);
+  r.pair_idx = ws.take<int32_t>(pairs);
+  r.grouped_pos = ws.take<int32_t>(pairs);
+  return r;
+}
+
+// Dispatch and combine sub-plans of a routed layer: `top_k` int32 ids per token over local experts
+// [expert_begin, expert_begin + experts), and rows of `hidden` values summed back per token.
+inline moekit_plan dispatch_plan(const moekit_plan& layer, int64_t max_tokens, int64_t top_k, int64_t experts,
+                                 int64_t expert_begin) {
+  moekit_plan p = sub_plan(layer, OpKind::dispatch);
+  moekit_dispatch_desc_init(&p.dispatch);
+  p.dispatch.max_tokens = max_tokens;
+  p.dispatch.top_k = top_k;
+  p.dispatch.max_pairs = max_tokens * top_k;
+  p.dispatch.experts = experts;
+  p.dispatch.expert_begin = expert_begin;
+  return p;
+}
+
+inline moekit_plan combine_plan(const moekit_plan& layer, int64_t max_tokens, int64_t top_k, int64_t hidden,
+                                int32_t dtype) {
+  moekit_plan p = sub_plan(layer, OpKind::combine);
+  moekit_combine_desc_init(&p.combine);
+  p.combine.max_tokens = max_tokens;
+  p.combine.top_k = top_k;
+  p.combine.hidden = hidden;
+  p.combine.dtype = dtype;
+  return p;
+}
+
+// The dispatch of a call's int32 ids [T, K] into the routing metadata.
+inline moekit_dispatch_args_t dispatch_args(const int32_t* indices, const Routing& r, int64_t T, int64_t K,
+                                            int64_t E, int dev) {
+  moekit_dispatch_args_t g;
+  moekit_dispatch_args_init(&g);
+  g.indices = device_view(const_cast<int32_t*>(indices), MOEKIT_DTYPE_INT32, {T, K}, dev);
+  g.expert_offsets = device_view(r.offsets, MOEKIT_DTYPE_INT32, {E + 1}, dev);
+  g.gather_idx = device_view(r.gather_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  g.pair_idx = device_view(r.pair_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  g.grouped_pos = device_view(r.grouped_pos, MOEKIT_DTYPE_INT32, {T * K}, dev);
+  return g;
+}
+
+// out = beta out + the pairs' grouped rows summed per token, weighted by `scores` (absent: weights of 1).
+inline moekit_combine_args_t combine_args(const moekit_tensor_t& grouped, const moekit_tensor_t& scores,
+                                          const moekit_tensor_t& grouped_pos, const moekit_tensor_t& out,
+                                          double beta) {
+  moekit_combine_args_t c;
+  moekit_combine_args_init(&c);
+  c.grouped = grouped;
+  c.scores = scores;
+  c.grouped_pos = grouped_pos;
+  c.out = out;
+  c.beta = beta;
+  return c;
 }
 
 // A grouped GEMM call's arguments with the operands every step names; a step sets the rest (gather, bias, the

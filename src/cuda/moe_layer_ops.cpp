@@ -60,20 +60,8 @@ MoePlans moe_plans(const moekit_plan& layer) {
   p.router.router.scale = d.router_scale;
   p.router.router.dtype = d.dtype;
 
-  p.dispatch = sub_plan(layer, OpKind::dispatch);
-  moekit_dispatch_desc_init(&p.dispatch.dispatch);
-  p.dispatch.dispatch.max_tokens = d.max_tokens;
-  p.dispatch.dispatch.top_k = d.top_k;
-  p.dispatch.dispatch.max_pairs = d.max_tokens * d.top_k;
-  p.dispatch.dispatch.experts = d.experts;
-  p.dispatch.dispatch.expert_begin = d.expert_begin;
-
-  p.combine = sub_plan(layer, OpKind::combine);
-  moekit_combine_desc_init(&p.combine.combine);
-  p.combine.combine.max_tokens = d.max_tokens;
-  p.combine.combine.top_k = d.top_k;
-  p.combine.combine.hidden = d.hidden;
-  p.combine.combine.dtype = d.dtype;
+  p.dispatch = dispatch_plan(layer, d.max_tokens, d.top_k, d.experts, d.expert_begin);
+  p.combine = combine_plan(layer, d.max_tokens, d.top_k, d.hidden, d.dtype);
 
   p.mlp = expert_mlp_plans(layer, GroupedRows{d.max_tokens * d.top_k, d.max_tokens}, true);
   return p;
@@ -85,7 +73,7 @@ MoePlans moe_plans(const moekit_plan& layer) {
 struct MoeBuffers {
   void* scratch;
   size_t scratch_bytes;
-  int32_t *offsets, *gather_idx, *pair_idx, *grouped_pos;
+  Routing routing;
   // Saved (workspace in inference mode): the router's outputs and h.
   void* logits;
   float* scores;
@@ -110,10 +98,7 @@ MoeBuffers moe_buffers(const moekit_plan& layer, MoePlans& p, void* workspace, v
 
   Carve ws(workspace);
   b.scratch = ws.take(b.scratch_bytes);
-  b.offsets = ws.take<int32_t>(E + 1);
-  b.gather_idx = ws.take<int32_t>(P);
-  b.pair_idx = ws.take<int32_t>(P);
-  b.grouped_pos = ws.take<int32_t>(P);
+  b.routing = take_routing(ws, E, P);
   const bool saving = !d.inference;
   Carve sv(saved, kSavedHeaderBytes);
   Carve& kept = saving ? sv : ws;
@@ -136,31 +121,6 @@ MoeBuffers moe_buffers(const moekit_plan& layer, MoePlans& p, void* workspace, v
   return b;
 }
 
-// The dispatch of the router's int32 indices into the workspace's routing metadata.
-moekit_dispatch_args_t dispatch_args(const MoeBuffers& b, int64_t T, int64_t K, int64_t E, int dev) {
-  moekit_dispatch_args_t g;
-  moekit_dispatch_args_init(&g);
-  g.indices = device_view(b.indices, MOEKIT_DTYPE_INT32, {T, K}, dev);
-  g.expert_offsets = device_view(b.offsets, MOEKIT_DTYPE_INT32, {E + 1}, dev);
-  g.gather_idx = device_view(b.gather_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
-  g.pair_idx = device_view(b.pair_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
-  g.grouped_pos = device_view(b.grouped_pos, MOEKIT_DTYPE_INT32, {T * K}, dev);
-  return g;
-}
-
-// out = beta out + the pairs' grouped rows summed per token, weighted by `scores` (absent: weights of 1).
-moekit_combine_args_t combine_args(const moekit_tensor_t& grouped, const moekit_tensor_t& scores,
-                                   const moekit_tensor_t& grouped_pos, const moekit_tensor_t& out, double beta) {
-  moekit_combine_args_t c;
-  moekit_combine_args_init(&c);
-  c.grouped = grouped;
-  c.scores = scores;
-  c.grouped_pos = grouped_pos;
-  c.out = out;
-  c.beta = beta;
-  return c;
-}
-
 }  // namespace
 
 void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
@@ -169,10 +129,8 @@ void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
     throw_not_supported("dtype: the CUDA MoE layer takes bf16 or fp16 storage");
   MoePlans p = moe_plans(plan);
   for (moekit_plan* sub : p.used(!d.inference)) plan_sizes(*sub);
-  const MoeBuffers forward = moe_buffers(plan, p, nullptr, nullptr, false);
-  const MoeBuffers backward = moe_buffers(plan, p, nullptr, nullptr, true);
-  plan.workspace_bytes = d.inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
-  plan.saved_bytes = forward.saved_end;
+  set_layer_sizes(plan, d.inference,
+                  [&](bool backward) { return moe_buffers(plan, p, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& args, void* saved, Workspace ws,
@@ -187,8 +145,8 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
-  const DenseGemm router_linear{cuda_type(dt), cuda_type(dt), T, RE, d.hidden, false, true, args.x.stride[0],
-                                args.w_router.stride[0], RE, 1.0f, 0.0f};
+  const DenseGemm router_linear{cuda_type(dt), cuda_type(dt), T, RE, d.hidden, false, true, row_stride(args.x),
+                                row_stride(args.w_router), RE, 1.0f, 0.0f};
   run_dense_gemm(dev, router_linear, args.x.data, args.w_router.data, b.logits, b.scratch, stream,
                  "MoE layer forward: router linear");
 
@@ -201,7 +159,7 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   r.counts = args.counts;
   router_forward(p.router, r, scratch, stream);
 
-  const moekit_dispatch_args_t g = dispatch_args(b, T, K, E, dev);
+  const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
   dispatch(p.dispatch, g, scratch, stream);
 
   const int64_t hw = p.mlp.up.gemm.n;
@@ -218,14 +176,14 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   combine(p.combine, combine_args(down.c, r.scores, g.grouped_pos, args.out, args.beta_out), scratch, stream);
 
   if (args.scores.data)
-    copy_rows(args.scores.data, args.scores.stride[0], b.scores, T, K, sizeof(float), stream,
+    copy_rows(args.scores.data, row_stride(args.scores), b.scores, T, K, sizeof(float), stream,
               "MoE layer forward: scores copy");
   if (args.indices.data) {
     if (args.indices.dtype == MOEKIT_DTYPE_INT64) {
-      layers::widen_indices(b.indices, T, K, static_cast<int64_t*>(args.indices.data), args.indices.stride[0],
+      layers::widen_indices(b.indices, T, K, static_cast<int64_t*>(args.indices.data), row_stride(args.indices),
                             stream);
     } else {
-      copy_rows(args.indices.data, args.indices.stride[0], b.indices, T, K, sizeof(int32_t), stream,
+      copy_rows(args.indices.data, row_stride(args.indices), b.indices, T, K, sizeof(int32_t), stream,
                 "MoE layer forward: indices copy");
     }
   }
@@ -248,7 +206,7 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
-  const moekit_dispatch_args_t g = dispatch_args(b, T, K, E, dev);
+  const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
   dispatch(p.dispatch, g, scratch, stream);
 
   // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
@@ -297,7 +255,7 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
 
     // dx += dlogits [T, RE] Wr [RE, H], rounded again.
     const DenseGemm router_dx{cuda_type(dt), cuda_type(dt), T, d.hidden, RE, false, false, RE,
-                              args.w_router.stride[0], args.dx.stride[0], 1.0f, 1.0f};
+                              row_stride(args.w_router), row_stride(args.dx), 1.0f, 1.0f};
     run_dense_gemm(dev, router_dx, b.dlogits, args.w_router.data, args.dx.data, b.scratch, stream,
                    "MoE layer backward: router input gradient");
   }
@@ -313,7 +271,7 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
 
     // dWr [RE, H] = dlogits^T (stored [T, RE]) x [T, H].
     const DenseGemm router_dw{cuda_type(dt), cuda_type(args.dw_router.dtype), RE, d.hidden, T, true, false, RE,
-                              args.x.stride[0], args.dw_router.stride[0], 1.0f,
+                              row_stride(args.x), row_stride(args.dw_router), 1.0f,
                               static_cast<float>(args.beta_dw_router)};
     run_dense_gemm(dev, router_dw, b.dlogits, args.x.data, args.dw_router.data, b.scratch, stream,
                    "MoE layer backward: router weight gradient");

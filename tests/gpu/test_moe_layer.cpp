@@ -8,20 +8,19 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
-#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "gpu_util.h"
+#include "gpu/two_backends.h"
 #include "numeric.h"
 
-using moekit_test::AlignedBuffer;
-using moekit_test::DeviceBuffer;
-using moekit_test::DeviceTensor;
+using moekit_test::blocks_of;
 using moekit_test::Handles;
 using moekit_test::HostTensor;
+using moekit_test::Placement;
+using moekit_test::require_close;
 
 namespace {
 
@@ -83,39 +82,6 @@ struct Inputs {
 
 struct Outputs {
   HostTensor out, scores, indices, counts, dx, dwr, dw1, db1, dw2, db2;
-};
-
-// Tensors for one backend: host tensors as they are, or device copies (poisoned outputs uploaded poisoned).
-class Placement {
- public:
-  explicit Placement(bool device) : device_(device) {}
-  moekit_tensor_t put(HostTensor& t) {
-    if (!device_) return t.view();
-    device_tensors_.push_back(std::make_unique<DeviceTensor>(t));
-    hosts_.push_back(&t);
-    return device_tensors_.back()->view();
-  }
-  void* buffer(size_t bytes) {
-    if (!device_) {
-      host_buffers_.push_back(std::make_unique<AlignedBuffer>(bytes));
-      return host_buffers_.back()->data();
-    }
-    device_buffers_.push_back(std::make_unique<DeviceBuffer>(bytes));
-    return device_buffers_.back()->data();
-  }
-  // Copies every device tensor back into its host tensor.
-  void fetch() {
-    if (!device_) return;
-    CUDA_REQUIRE(cudaDeviceSynchronize());
-    for (size_t i = 0; i < hosts_.size(); ++i) *hosts_[i] = device_tensors_[i]->download();
-  }
-
- private:
-  bool device_;
-  std::vector<std::unique_ptr<DeviceTensor>> device_tensors_;
-  std::vector<HostTensor*> hosts_;
-  std::vector<std::unique_ptr<DeviceBuffer>> device_buffers_;
-  std::vector<std::unique_ptr<AlignedBuffer>> host_buffers_;
 };
 
 moekit_moe_desc_t layer_desc(const Config& c) {
@@ -204,21 +170,6 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   at.fetch();
   moekit_plan_destroy(plan);
   return o;
-}
-
-// Every `rows`-row block of t is a segment (one expert's slice of a weight gradient).
-std::vector<int64_t> blocks_of(int64_t blocks, int64_t rows) {
-  std::vector<int64_t> s;
-  for (int64_t e = 0; e <= blocks; ++e) s.push_back(e * rows);
-  return s;
-}
-
-void require_close(const char* name, const HostTensor& cuda, const HostTensor& ref, moekit_dtype_t dtype,
-                   const std::vector<int64_t>& segments = {}) {
-  // Rows are the last dimension; a weight gradient [E, M, N] has E * M rows and segments of M rows.
-  const moekit_test::ErrorMetrics m = moekit_test::compare(cuda.values(), ref.values(), ref.shape().back(), segments);
-  INFO(name << ": " << moekit_test::describe(m));
-  REQUIRE(moekit_test::within(m, moekit_test::bounds_for(dtype)));
 }
 
 void check_moe(const Config& c, uint64_t seed) {
