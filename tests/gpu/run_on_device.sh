@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the device tool) from the repository root: the GPU tests, compute-sanitizer memcheck
-# and racecheck, and the kernel timing programs.
+# Runs on the GPU machine (the device tool) from the repository root: the GPU tests, compute-sanitizer memcheck,
+# racecheck and initcheck, and the kernel timing programs.
 #   tests/gpu/run_on_device.sh BIN_DIR [tests|sanitize|timing|all] [SANITIZE_SPEC]
 # SANITIZE_SPEC is the Catch2 test spec the sanitizers run: "[sanitize]" (default, the reduced set of small cases
 # of every kernel family) or "~[large]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes).
@@ -43,7 +43,7 @@ if [[ $what == sanitize || $what == all ]]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   jobs=()
   for exe in "$bin"/moekit_gpu_test_*; do
-    for tool in memcheck racecheck; do
+    for tool in memcheck racecheck initcheck; do
       log="$out/sanitize_${tool}_$(basename "$exe").log"
       timeout "$sanitize_timeout" "$sanitizer" --tool "$tool" --error-exitcode 1 "$exe" "$spec" >"$log" 2>&1 &
       jobs+=("$!:$tool:$exe:$log")

@@ -34,6 +34,12 @@ struct Config {
   moekit_dtype_t dtype = MOEKIT_DTYPE_BF16;
   double beta_out = 0;
   bool one_expert_takes_all = false;
+  bool inference = false;       // forward only, no saved buffer
+  bool split_backward = false;  // the input gradient and the weight gradients in two backward calls
+  bool accumulate = false;      // every gradient's beta = 1 over random old values (instead of poison)
+  moekit_dtype_t weight_grad_dtype = MOEKIT_DTYPE_INVALID;  // INVALID: the storage dtype
+
+  moekit_dtype_t wg_dtype() const { return weight_grad_dtype == MOEKIT_DTYPE_INVALID ? dtype : weight_grad_dtype; }
 
   bool gated() const { return activation < MOEKIT_ACT_GELU; }
   int64_t hw() const { return gated() ? 2 * inter : inter; }
@@ -42,7 +48,9 @@ struct Config {
     s << "act " << activation << " glu " << glu_layout << " router " << router << " renorm " << renormalize
       << " biases " << biases << " T " << tokens << " H " << hidden << " I " << inter << " E " << experts << "/"
       << router_experts << " e0 " << expert_begin << " K " << top_k << " dtype " << dtype << " beta_out "
-      << beta_out << (one_expert_takes_all ? " one expert takes all" : "");
+      << beta_out << (one_expert_takes_all ? " one expert takes all" : "") << (inference ? " inference" : "")
+      << (split_backward ? " split backward" : "") << (accumulate ? " accumulate" : "") << " weight grads "
+      << wg_dtype();
     return s.str();
   }
 };
@@ -50,6 +58,7 @@ struct Config {
 // The layer's inputs, drawn once and given to both backends.
 struct Inputs {
   HostTensor x, wr, router_bias, w1, b1, w2, b2, out0, dout;
+  HostTensor dx0, dwr0, dw10, db10, dw20, db20;  // old gradients for beta = 1
 
   Inputs(const Config& c, std::mt19937_64& rng) {
     const int64_t T = c.tokens, H = c.hidden, E = c.experts, RE = c.router_experts;
@@ -77,6 +86,14 @@ struct Inputs {
     out0.fill_uniform(rng, 1.0);
     dout = HostTensor(c.dtype, {T, H});
     dout.fill_uniform(rng, 1.0);
+    const moekit_dtype_t wg = c.wg_dtype();
+    dx0 = HostTensor(c.dtype, {T, H});
+    dwr0 = HostTensor(wg, {RE, H});
+    dw10 = HostTensor(wg, {E, c.hw(), H});
+    db10 = HostTensor(wg, {E, c.hw()});
+    dw20 = HostTensor(wg, {E, H, c.inter});
+    db20 = HostTensor(wg, {E, H});
+    for (HostTensor* g : {&dx0, &dwr0, &dw10, &db10, &dw20, &db20}) g->fill_uniform(rng, 0.5);
   }
 };
 
@@ -102,12 +119,14 @@ moekit_moe_desc_t layer_desc(const Config& c) {
   d.has_b1 = c.biases;
   d.has_b2 = c.biases;
   d.dtype = c.dtype;
+  d.inference = c.inference;
+  d.weight_grad_dtype = c.weight_grad_dtype;
   return d;
 }
 
-// Forward then backward (input and weight gradients in one call) on `handle`.
+// Forward, then (unless in inference mode) backward in one call or two (split_backward) on `handle`.
 Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in) {
-  const int64_t T = c.tokens, H = c.hidden, E = c.experts, RE = c.router_experts, K = c.top_k;
+  const int64_t T = c.tokens, H = c.hidden, RE = c.router_experts, K = c.top_k;
   moekit_moe_desc_t d = layer_desc(c);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle, &d, &plan));
@@ -120,13 +139,15 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   o.scores = HostTensor(MOEKIT_DTYPE_FP32, {T, K});
   o.indices = HostTensor(MOEKIT_DTYPE_INT64, {T, K});
   o.counts = HostTensor(MOEKIT_DTYPE_INT32, {RE});
-  o.dx = HostTensor(c.dtype, {T, H});
-  o.dwr = HostTensor(c.dtype, {RE, H});
-  o.dw1 = HostTensor(c.dtype, {E, c.hw(), H});
-  o.db1 = HostTensor(c.dtype, {E, c.hw()});
-  o.dw2 = HostTensor(c.dtype, {E, H, c.inter});
-  o.db2 = HostTensor(c.dtype, {E, H});
-  for (HostTensor* t : {&o.scores, &o.indices, &o.counts, &o.dx, &o.dwr, &o.dw1, &o.db1, &o.dw2, &o.db2}) t->poison();
+  o.dx = in.dx0;
+  o.dwr = in.dwr0;
+  o.dw1 = in.dw10;
+  o.db1 = in.db10;
+  o.dw2 = in.dw20;
+  o.db2 = in.db20;
+  for (HostTensor* t : {&o.scores, &o.indices, &o.counts}) t->poison();
+  if (!c.accumulate)
+    for (HostTensor* t : {&o.dx, &o.dwr, &o.dw1, &o.db1, &o.dw2, &o.db2}) t->poison();
   if (c.beta_out == 0) o.out.poison();
 
   Placement at(device);
@@ -146,9 +167,15 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.indices = at.put(o.indices);
   f.counts = at.put(o.counts);
   f.beta_out = c.beta_out;
-  void* saved = at.buffer(saved_bytes);
+  void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  if (c.inference) {
+    REQUIRE(saved_bytes == 0);
+    at.fetch();
+    moekit_plan_destroy(plan);
+    return o;
+  }
 
   moekit_moe_bwd_args_t b;
   moekit_moe_bwd_args_init(&b);
@@ -165,6 +192,15 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     b.b2 = f.b2;
     b.db1 = at.put(o.db1);
     b.db2 = at.put(o.db2);
+  }
+  const double beta = c.accumulate ? 1.0 : 0.0;
+  b.beta_dx = b.beta_dw_router = b.beta_dw1 = b.beta_db1 = b.beta_dw2 = b.beta_db2 = beta;
+  if (c.split_backward) {
+    // Weight gradients first, then the input gradient: the saved buffer is only read, so any order works.
+    b.compute_input_grad = 0;
+    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+    b.compute_input_grad = 1;
+    b.compute_weight_grad = 0;
   }
   MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
   at.fetch();
@@ -184,6 +220,7 @@ void check_moe(const Config& c, uint64_t seed) {
   REQUIRE(moekit_test::as_integers(gpu.counts) == moekit_test::as_integers(ref.counts));
   require_close("scores", gpu.scores, ref.scores, c.dtype);
   require_close("out", gpu.out, ref.out, c.dtype);
+  if (c.inference) return;
   require_close("dx", gpu.dx, ref.dx, c.dtype);
   require_close("dWr", gpu.dwr, ref.dwr, c.dtype);
   require_close("dW1", gpu.dw1, ref.dw1, c.dtype, blocks_of(E, c.hw()));
@@ -249,6 +286,28 @@ TEST_CASE("CUDA MoE layer matches the reference: router kinds, dropped pairs, em
   half.hidden = 136;
   half.inter = 72;
   check_moe(half, 8);
+}
+
+TEST_CASE("CUDA MoE layer: inference mode, split backward calls, beta = 1 accumulation, fp32 weight gradients",
+          "[gpu][layer][moe][sanitize]") {
+  Config inference;
+  inference.inference = true;
+  check_moe(inference, 11);
+
+  Config split;
+  split.split_backward = true;
+  check_moe(split, 12);
+
+  Config accumulate;
+  accumulate.accumulate = true;
+  accumulate.beta_out = 1;
+  check_moe(accumulate, 13);
+
+  Config fp32_grads;
+  fp32_grads.weight_grad_dtype = MOEKIT_DTYPE_FP32;
+  fp32_grads.accumulate = true;
+  fp32_grads.split_backward = true;
+  check_moe(fp32_grads, 14);
 }
 
 TEST_CASE("CUDA MoE layer is bitwise identical over three runs", "[gpu][layer][moe]") {
