@@ -22,6 +22,17 @@ using namespace moekit_bench;
 
 namespace {
 
+// Written to a temporary name and renamed, so a run killed while writing leaves the previous complete file.
+bool write_results(const std::string& path, const RunMeta& meta, const std::vector<CaseResult>& results) {
+  const std::string temporary = path + ".partial";
+  {
+    std::ofstream file(temporary);
+    file << results_json(meta, results);
+    if (!file.flush()) return false;
+  }
+  return std::rename(temporary.c_str(), path.c_str()) == 0;
+}
+
 // A handle of `backend`, destroyed with the owner.
 struct Handle {
   moekit_handle_t handle = nullptr;
@@ -147,22 +158,21 @@ int run(const Options& options, int argc, char** argv) {
   const std::string against = cuda ? "reference backend" : "reference backend, 1 thread";
 
   std::vector<CaseResult> results;
+  bool written = true;
   for (size_t i = 0; i < cases.size(); ++i) {
     CaseResult r = measure_case(cases[i], context);
     if (options.check) r.check = check_case(cases[i], *platform, handle->handle, *oracle_platform, oracle.handle, against);
     r.command = reproduce_command(options, meta.backend, cases[i].name);
     print_progress(i, cases.size(), r);
     results.push_back(std::move(r));
+    // Rewritten after every case, so a run stopped by a time limit keeps the cases it finished.
+    if (!options.out.empty()) written = write_results(options.out, meta, results);
   }
 
   int status = 0;
-  if (!options.out.empty()) {
-    std::ofstream file(options.out);
-    file << results_json(meta, results);
-    if (!file) {
-      std::fprintf(stderr, "moekit-bench: cannot write %s\n", options.out.c_str());
-      status = 1;
-    }
+  if (!written) {
+    std::fprintf(stderr, "moekit-bench: cannot write %s\n", options.out.c_str());
+    status = 1;
   }
   print_details(stdout, results);
   print_table(stdout, meta, results);

@@ -24,7 +24,9 @@ usage: python3 bench/compare/torch_bench.py CONFIG.json [--out results.json] [--
 """
 import argparse
 import datetime
+import functools
 import json
+import os
 import re
 import statistics
 import subprocess
@@ -39,6 +41,21 @@ DEFAULT_COUNTS = {"warmup": 10, "iterations": 100, "repeats": 3}
 
 class NotSupported(Exception):
     pass
+
+
+@functools.lru_cache(maxsize=None)
+def compile_once(fn):
+    """One torch.compile wrapper per function for the whole run, static shapes.
+
+    Every case of a config has new shapes, so each recompiles; with a wrapper per case and the default recompile
+    limit (8 per code object), dynamo would stop compiling after the eighth shape and run the rest eagerly, and its
+    automatic dynamic shapes would compile the second shape onwards shape-generic. dynamic=False and a raised limit
+    give every shape its own specialised graph; the forward and backward cases of one shape share it.
+    """
+    for name in ("recompile_limit", "cache_size_limit"):  # the limit's name since 2.6, and before
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, 1024)
+    return torch.compile(fn, dynamic=False)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -123,14 +140,14 @@ def uniform(shape, scale, dtype, requires_grad=False):
     return t.to(dtype).requires_grad_(requires_grad)
 
 
-def layer_case(case, dtype, compiled):
+def layer_case(case, dtype, compile_mode):
     """Returns (forward-only call, forward+backward call, bytes of one input set) builders for a layer case."""
     op = case["op"]
     if op.startswith("moe_"):
         T, H, I, E, K = (case[k] for k in ("tokens", "hidden", "intermediate", "experts", "top_k"))
         if case.get("activation", "swiglu") != "swiglu" or case.get("router", "softmax_topk") != "softmax_topk":
             raise NotSupported("the PyTorch layer here is SwiGLU with softmax over the top-k only")
-        fn = torch.compile(moe_layer) if compiled else moe_layer
+        fn = compile_once(moe_layer) if compile_mode else moe_layer
 
         def make_set():
             return dict(x=uniform((T, H), 1.0, dtype, True), w_router=uniform((E, H), H ** -0.5, dtype, True),
@@ -142,7 +159,7 @@ def layer_case(case, dtype, compiled):
         set_bytes = 2 * (2 * T * H + E * H + 3 * E * I * H)
     else:
         T, D, Fw = case["tokens"], case["d_model"], case["d_ff"]
-        fn = torch.compile(dense_swiglu_ffn) if compiled else dense_swiglu_ffn
+        fn = compile_once(dense_swiglu_ffn) if compile_mode else dense_swiglu_ffn
 
         def make_set():
             return dict(x=uniform((T, D), 1.0, dtype, True), w_gate_up=uniform((2 * Fw, D), D ** -0.5, dtype, True),
@@ -331,10 +348,13 @@ def main():
     if not cases:
         sys.exit(f"torch_bench.py: no case of {args.config} matches --filter {args.filter}")
 
+    # MOEKIT_GIT_SHA: where the sources are a copy without .git (bench/device/run_all.sh passes the staged commit).
+    sha = os.environ.get("MOEKIT_GIT_SHA", "")
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+        sha = sha or subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
     except OSError:
-        sha = ""
+        pass
     prop = torch.cuda.get_device_properties(0)
     meta = {"torch_version": torch.__version__, "cuda_runtime": torch.version.cuda, "git_sha": sha or "unknown",
             "backend": "pytorch-compile" if args.mode == "compile" else "pytorch-eager",
@@ -349,9 +369,10 @@ def main():
         print(f"[{i + 1}/{len(cases)}] {case['name']}: "
               f"{f'{median:.2f} us' if median is not None else record['status']}", file=sys.stderr)
         results.append(record)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "cases": results}, f, indent=2)
+        if args.out:  # rewritten after every case (then renamed): a run stopped by a time limit keeps what it finished
+            with open(args.out + ".partial", "w") as f:
+                json.dump({"meta": meta, "cases": results}, f, indent=2)
+            os.replace(args.out + ".partial", args.out)
     def cell(value, digits):
         return "-" if value is None else f"{value:.{digits}f}"
 

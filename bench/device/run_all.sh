@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# There (the GPU machine, from the repository root): every config through moekit-bench, then through
+# bench/compare/torch_bench.py (eager, then torch.compile), then bench/device/perf_tables.py over all the results.
+#   bench/device/run_all.sh DEST [STEP ...]
+# DEST: the folder bench/device/stage.sh filled (carried by the device tool). STEP: only these steps (names as in
+# the list below, e.g. "torch-compile:sonicmoe_fig14"); all by default.
+# Each step runs under its own time limit, cut to what is left of the whole run's budget (MOEKIT_BENCH_BUDGET_S,
+# default 540 s, under the device tool's 600 s per command); a step that has no time left is skipped, and a step
+# stopped by its limit keeps the cases it finished (both tools rewrite their JSON after every case).
+# Outputs in $OUT: tables.md (the Markdown of docs/performance.md) and results.tgz (every JSON, log and
+# steps.tsv: each step's exit status, seconds used and limit). stdout ends with steps.tsv.
+set -uo pipefail
+dest=${1:?usage: run_all.sh DEST [STEP ...]}
+shift
+start=$SECONDS
+budget=${MOEKIT_BENCH_BUDGET_S:-540}
+reserve=15  # for the tables and the archive
+python=${PYTHON:-python3}
+out=${OUT:-/tmp/moekit-bench-out}
+results=$(mktemp -d)
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+
+if [[ -f $dest/bench.tgz ]]; then
+  tar -xzf "$dest/bench.tgz" -C "$dest" && rm "$dest/bench.tgz"
+fi
+bench=$(realpath "$dest/moekit-bench")
+export MOEKIT_GIT_SHA=$(cat "$dest/git_sha" 2>/dev/null)
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader >"$results/device.txt" 2>&1
+"$python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' >>"$results/device.txt" 2>&1
+cat "$results/device.txt"
+
+# step name | time limit (s) | command. Order = priority: moekit first, then PyTorch eager, then torch.compile
+# (its compile time, ~10-30 s per shape, comes on top of the timed calls). The limits are about twice the costs
+# estimated from the shapes and the configs' iteration counts (docs/benchmark.md, "Reproducing the H200 tables").
+steps=(
+  "moekit:smoke|60|$bench bench/configs/smoke.json --backend cuda --check --out $results/moekit_smoke.json"
+  "moekit:sonicmoe_fig14|120|$bench bench/configs/sonicmoe_fig14.json --backend cuda --out $results/moekit_sonicmoe_fig14.json"
+  "moekit:sparse_ffn|60|$bench bench/configs/sparse_ffn.json --backend cuda --out $results/moekit_sparse_ffn.json"
+  "moekit:gemm|150|$bench bench/configs/gemm.json --backend cuda --out $results/moekit_gemm.json"
+  "torch-eager:sonicmoe_fig14|120|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode eager --out $results/torch-eager_sonicmoe_fig14.json"
+  "torch-eager:sparse_ffn|60|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode eager --out $results/torch-eager_sparse_ffn.json"
+  "torch-eager:gemm|150|$python bench/compare/torch_bench.py bench/configs/gemm.json --mode eager --out $results/torch-eager_gemm.json"
+  "torch-compile:sonicmoe_fig14|240|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode compile --out $results/torch-compile_sonicmoe_fig14.json"
+  "torch-compile:sparse_ffn|90|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode compile --out $results/torch-compile_sparse_ffn.json"
+  "torch-eager:smoke|40|$python bench/compare/torch_bench.py bench/configs/smoke.json --mode eager --out $results/torch-eager_smoke.json"
+  "torch-compile:smoke|60|$python bench/compare/torch_bench.py bench/configs/smoke.json --mode compile --out $results/torch-compile_smoke.json"
+)
+
+printf 'step\texit\tseconds\tlimit\n' >"$results/steps.tsv"
+for entry in "${steps[@]}"; do
+  IFS='|' read -r name limit command <<<"$entry"
+  if (($# > 0)) && [[ " $* " != *" $name "* ]]; then continue; fi
+  left=$((budget - reserve - (SECONDS - start)))
+  ((limit > left)) && limit=$left
+  if ((limit < 10)); then
+    printf '%s\tskipped (no time left)\t0\t0\n' "$name" >>"$results/steps.tsv"
+    continue
+  fi
+  log="$results/${name/:/_}.log"
+  echo "== $name (limit ${limit} s): $command"
+  step_start=$SECONDS
+  # shellcheck disable=SC2086  # the command is a plain word list
+  timeout --kill-after=10 "$limit" $command >"$log" 2>&1
+  rc=$?
+  ((rc == 124 || rc == 137)) && rc="$rc (time limit)"
+  printf '%s\t%s\t%d\t%d\n' "$name" "$rc" $((SECONDS - step_start)) "$limit" >>"$results/steps.tsv"
+  tail -3 "$log"
+done
+
+shopt -s nullglob
+jsons=("$results"/*.json)
+if ((${#jsons[@]} > 0)); then
+  "$python" bench/device/perf_tables.py "${jsons[@]}" --steps "$results/steps.tsv" >"$out/tables.md" 2>"$results/perf_tables.log" ||
+    cat "$results/perf_tables.log"
+else
+  echo "no result file was written (see the logs in results.tgz)" >"$out/tables.md"
+fi
+tar -czf "$out/results.tgz" -C "$results" .
+echo "total $((SECONDS - start)) s"
+column -t -s $'\t' "$results/steps.tsv" 2>/dev/null || cat "$results/steps.tsv"
