@@ -15,9 +15,16 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "moekit/moekit.h"
+
 namespace moekit {
 inline namespace v0 {
 namespace cuda {
+
+// The cuBLASLt element type of a moekit storage dtype (bf16, fp16, otherwise fp32).
+inline cudaDataType_t cuda_type(int32_t dtype) {
+  return dtype == MOEKIT_DTYPE_BF16 ? CUDA_R_16BF : dtype == MOEKIT_DTYPE_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
 
 // cuBLASLt's scratch for one dense GEMM; callers reserve it in their workspace, 16-byte aligned.
 constexpr size_t kDenseGemmWorkspaceBytes = size_t{4} << 20;

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <cuda_runtime.h>
-#include <library_types.h>
 
 #include <algorithm>
 #include <cstddef>
@@ -81,10 +80,6 @@ inline moekit_tensor_t first_rows(moekit_tensor_t t, int64_t rows) {
 inline int64_t row_stride(const moekit_tensor_t& t) { return t.shape[0] > 1 ? t.stride[0] : t.shape[1]; }
 
 inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
-
-inline cudaDataType_t cuda_type(int32_t dtype) {
-  return dtype == MOEKIT_DTYPE_BF16 ? CUDA_R_16BF : dtype == MOEKIT_DTYPE_FP16 ? CUDA_R_16F : CUDA_R_32F;
-}
 
 // The width of h: 2I for a gated activation, I otherwise.
 inline int64_t h_width(const moekit_moe_desc_t& d) {

@@ -41,7 +41,7 @@ void select_chunks(int device, const moekit_sparse_ffn_desc_t& d, const sparse_f
     w_stride = d.d_model;
   }
 
-  const cudaDataType_t type = d.dtype == MOEKIT_DTYPE_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  const cudaDataType_t type = cuda_type(d.dtype);
   const sparse_ffn::Storage storage =
       d.dtype == MOEKIT_DTYPE_BF16 ? sparse_ffn::Storage::bf16 : sparse_ffn::Storage::fp16;
   const size_t element = 2;
