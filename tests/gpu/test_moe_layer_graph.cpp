@@ -1,16 +1,16 @@
-// The CUDA MoE layer under the ways frameworks run it: a forward + backward captured once in a CUDA graph and
-// replayed with different inputs (so different routing: the per-expert counts must live on the device, not be
-// baked into the graph), and two handles on two host threads and two streams at once. Every result must be
-// bitwise what plain stream calls give for the same inputs.
+// The CUDA MoE layer under the ways frameworks run it (tests/gpu/replay_checks.h): a forward + backward captured
+// once in a CUDA graph and replayed with different inputs, so different routing each time, and two handles on two
+// host threads and two streams at once; every result bitwise what plain stream calls give.
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "gpu_util.h"
+#include "replay_checks.h"
 
+using moekit_test::cuda_handle;
 using moekit_test::DeviceBuffer;
 using moekit_test::DeviceTensor;
 using moekit_test::HostTensor;
@@ -18,15 +18,6 @@ using moekit_test::HostTensor;
 namespace {
 
 constexpr int64_t kTokens = 200, kHidden = 128, kInter = 72, kExperts = 16, kTopK = 4;
-
-moekit_handle_t cuda_handle() {
-  moekit_handle_desc_t hd;
-  moekit_handle_desc_init(&hd);
-  hd.backend = MOEKIT_BACKEND_CUDA;
-  moekit_handle_t h = nullptr;
-  MOEKIT_REQUIRE_OK(moekit_handle_create(&hd, &h));
-  return h;
-}
 
 // One layer's device state: a plan, its workspace and saved buffer, parameters, and the per-call tensors.
 struct DeviceLayer {
@@ -106,33 +97,18 @@ struct DeviceLayer {
     return moekit_moe_backward(plan, &b, saved.data(), saved_bytes, workspace.data(), workspace_bytes, stream);
   }
 
+  void new_input(std::mt19937_64& rng) {
+    HostTensor t(MOEKIT_DTYPE_BF16, {kTokens, kHidden});
+    t.fill_uniform(rng, 1.0);
+    x.upload(t);
+  }
+
+  // out, dx, dWr, dW1, db1, dW2, db2
   std::vector<HostTensor> results() const {
     return {out.download(), dx.download(), dwr.download(), dw1.download(), db1.download(), dw2.download(),
             db2.download()};
   }
 };
-
-void require_same(const std::vector<HostTensor>& a, const std::vector<HostTensor>& b) {
-  REQUIRE(a.size() == b.size());
-  for (size_t i = 0; i < a.size(); ++i) {
-    const std::vector<double> va = a[i].values(), vb = b[i].values();
-    int64_t differing = 0, first = -1;
-    for (size_t j = 0; j < va.size(); ++j)
-      if (!(va[j] == vb[j]) && !(std::isnan(va[j]) && std::isnan(vb[j]))) {
-        if (first < 0) first = static_cast<int64_t>(j);
-        ++differing;
-      }
-    INFO("result " << i << " (out, dx, dWr, dW1, db1, dW2, db2): " << differing << " of " << va.size()
-                   << " elements differ, the first at " << first);
-    REQUIRE(a[i].bytes_equal(b[i]));
-  }
-}
-
-HostTensor random_tokens(std::mt19937_64& rng) {
-  HostTensor t(MOEKIT_DTYPE_BF16, {kTokens, kHidden});
-  t.fill_uniform(rng, 1.0);
-  return t;
-}
 
 }  // namespace
 
@@ -140,65 +116,19 @@ TEST_CASE("a captured forward + backward replays with new routing each time, bit
           "[gpu][layer][graph]") {
   moekit_handle_t handle = cuda_handle();
   std::mt19937_64 rng(21);
-  DeviceLayer layer(handle, rng);
-  cudaStream_t stream = nullptr;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-
-  // Plan and algorithm choices are made on the first call; capture the second.
-  MOEKIT_REQUIRE_OK(layer.enqueue(stream));
-  CUDA_REQUIRE(cudaStreamSynchronize(stream));
-  cudaGraph_t graph = nullptr;
-  CUDA_REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  MOEKIT_REQUIRE_OK(layer.enqueue(stream));
-  CUDA_REQUIRE(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec = nullptr;
-  CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
-
-  for (int replay = 0; replay < 3; ++replay) {
-    INFO("replay " << replay);
-    const HostTensor x = random_tokens(rng);
-    layer.x.upload(x);
-    CUDA_REQUIRE(cudaDeviceSynchronize());  // the upload must land before the non-blocking stream reads x
-    CUDA_REQUIRE(cudaGraphLaunch(exec, stream));
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    const std::vector<HostTensor> replayed = layer.results();
-    MOEKIT_REQUIRE_OK(layer.enqueue(stream));
-    CUDA_REQUIRE(cudaStreamSynchronize(stream));
-    require_same(replayed, layer.results());
+  {
+    DeviceLayer layer(handle, rng);
+    moekit_test::require_graph_replays_like_stream_calls(layer, rng);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
   moekit_handle_destroy(handle);
 }
 
 TEST_CASE("two handles on two host threads and two streams give what each gives alone", "[gpu][layer][threads]") {
   std::mt19937_64 rng(33);
   moekit_handle_t handles[2] = {cuda_handle(), cuda_handle()};
-  DeviceLayer first(handles[0], rng), second(handles[1], rng);
-  cudaStream_t streams[2] = {};
-  for (cudaStream_t& s : streams) CUDA_REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-
-  DeviceLayer* layers[2] = {&first, &second};
-  std::vector<HostTensor> alone[2];
-  for (int i = 0; i < 2; ++i) {
-    MOEKIT_REQUIRE_OK(layers[i]->enqueue(streams[i]));
-    CUDA_REQUIRE(cudaStreamSynchronize(streams[i]));
-    alone[i] = layers[i]->results();
+  {
+    DeviceLayer first(handles[0], rng), second(handles[1], rng);
+    moekit_test::require_two_threads_like_alone(first, second);
   }
-  // NOTE: Catch2's assertions are not thread-safe: the threads only record statuses; the main thread checks.
-  moekit_status_t statuses[2][5] = {};
-  auto work = [&](int i) {
-    for (moekit_status_t& status : statuses[i]) status = layers[i]->enqueue(streams[i]);
-    cudaStreamSynchronize(streams[i]);
-  };
-  std::thread t0(work, 0), t1(work, 1);
-  t0.join();
-  t1.join();
-  for (int i = 0; i < 2; ++i) {
-    for (moekit_status_t s : statuses[i]) REQUIRE(s == MOEKIT_SUCCESS);
-    require_same(alone[i], layers[i]->results());
-  }
-  for (cudaStream_t s : streams) cudaStreamDestroy(s);
   for (moekit_handle_t h : handles) moekit_handle_destroy(h);
 }
