@@ -113,7 +113,7 @@ struct DeviceLayer {
 }  // namespace
 
 TEST_CASE("a captured forward + backward replays with new routing each time, bitwise as stream calls",
-          "[gpu][layer][graph]") {
+          "[gpu][layer][graph][sanitize]") {
   moekit_handle_t handle = cuda_handle();
   std::mt19937_64 rng(21);
   {
@@ -123,7 +123,8 @@ TEST_CASE("a captured forward + backward replays with new routing each time, bit
   moekit_handle_destroy(handle);
 }
 
-TEST_CASE("two handles on two host threads and two streams give what each gives alone", "[gpu][layer][threads]") {
+TEST_CASE("two handles on two host threads and two streams give what each gives alone",
+          "[gpu][layer][threads][sanitize]") {
   std::mt19937_64 rng(33);
   moekit_handle_t handles[2] = {cuda_handle(), cuda_handle()};
   {

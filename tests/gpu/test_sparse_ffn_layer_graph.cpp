@@ -110,7 +110,7 @@ struct DeviceLayer {
 
 TEST_CASE("sparse FFN: a captured forward + backward replays with a new group selection each time, bitwise as "
           "stream calls",
-          "[gpu][sparse_ffn][graph]") {
+          "[gpu][sparse_ffn][graph][sanitize]") {
   moekit_handle_t handle = cuda_handle();
   std::mt19937_64 rng(45);
   {
@@ -121,7 +121,7 @@ TEST_CASE("sparse FFN: a captured forward + backward replays with a new group se
 }
 
 TEST_CASE("sparse FFN: two handles on two host threads and two streams give what each gives alone",
-          "[gpu][sparse_ffn][threads]") {
+          "[gpu][sparse_ffn][threads][sanitize]") {
   std::mt19937_64 rng(46);
   moekit_handle_t handles[2] = {cuda_handle(), cuda_handle()};
   {
