@@ -63,6 +63,32 @@ GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count) {
   return choose_gemm_tile(shape, sm_count);
 }
 
+const char* gemm_path_name(GemmPath path) { return path == GemmPath::wgmma ? "wgmma" : "mma"; }
+
+bool wgmma_eligible(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
+  const bool epilogue = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS ||
+                        d.epilogue == MOEKIT_EPILOGUE_GATED;
+  const bool dtype = d.dtype == MOEKIT_DTYPE_BF16 || d.dtype == MOEKIT_DTYPE_FP16;
+  return cc_major == 9 && cc_minor == 0 && d.mode == MOEKIT_GEMM_VARLEN_M && d.b_layout == MOEKIT_GEMM_B_NK &&
+         epilogue && dtype && d.k > 0 && d.k % 64 == 0 && d.n % 64 == 0;
+}
+
+GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
+  return wgmma_eligible(d, cc_major, cc_minor) ? GemmPath::wgmma : GemmPath::mma_sync;
+}
+
+GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
+  const char* forced = std::getenv("MOEKIT_GEMM_PATH");
+  if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::mma_sync)) == 0) return GemmPath::mma_sync;
+  return choose_gemm_path(d, cc_major, cc_minor);
+}
+
+int32_t gemm_kernel_config(GemmTile tile, GemmPath path) {
+  return static_cast<int32_t>(tile) | (static_cast<int32_t>(path) << 8);
+}
+GemmTile gemm_config_tile(int32_t kernel_config) { return static_cast<GemmTile>(kernel_config & 0xff); }
+GemmPath gemm_config_path(int32_t kernel_config) { return static_cast<GemmPath>((kernel_config >> 8) & 0xff); }
+
 GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, GemmTile tile) {
   const GemmShape s = gemm_shape(d);
   const GemmTileShape t = gemm_tile_shape(tile);

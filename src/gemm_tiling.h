@@ -48,6 +48,32 @@ GemmTile choose_gemm_tile(const GemmShape& shape, int sm_count);
 // then that one (tests use it to run every tile on small shapes).
 GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count);
 
+// The kernel family of a grouped GEMM plan: the mma.sync tile kernel (every mode, layout, gather, epilogue) or
+// the sm_90a wgmma + TMA persistent kernel (cuda/gemm/grouped_gemm_wgmma_kernel.cuh).
+enum class GemmPath : int32_t {
+  mma_sync = 0,
+  wgmma = 1,
+};
+
+const char* gemm_path_name(GemmPath path);  // "mma", "wgmma"
+
+// Whether the wgmma kernel takes the problem: varlen M, B [E, n, k], STORE / BIAS / GATED, bf16 / fp16 operands,
+// k a positive multiple of 64, n a multiple of 64, on a device of compute capability 9.0.
+bool wgmma_eligible(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
+
+// wgmma when eligible, else mma_sync.
+GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
+
+// choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path ("mma", "wgmma"): "mma" always
+// gives mma_sync; "wgmma" gives wgmma where eligible and mma_sync elsewhere (tests run both paths on one build).
+GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
+
+// A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path
+// in the next.
+int32_t gemm_kernel_config(GemmTile tile, GemmPath path);
+GemmTile gemm_config_tile(int32_t kernel_config);
+GemmPath gemm_config_path(int32_t kernel_config);
+
 // The workspace of one grouped GEMM run (offsets in bytes, 256-byte aligned; unused parts have size 0).
 struct GemmWorkspaceLayout {
   int64_t m_tiles;      // varlen M: bound of the row tiles of all groups together (each group's last may be partial)

@@ -7,6 +7,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/grouped_gemm.h"
+#include "cuda/gemm/grouped_gemm_wgmma.h"
 #include "error.h"
 #include "moekit/moekit.h"
 
@@ -122,10 +123,31 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
                                      : launcher_for_operands<Dtype, GemmTile::m128_n128>(op);
 }
 
+// The sm_90a path: the weight operand's TMA map (built here on the host, per call: B moves between calls) and
+// the persistent kernel, one CTA per SM at most.
+void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, cudaStream_t stream) {
+  const CUtensorMap b_map = make_weight_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bn / 2));
+  int device = 0, sm_count = 0;
+  check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
+  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");
+  const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
+  if (tile == GemmTile::m128_n256) {
+    if (bf16)
+      launch_wgmma_tiles<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+    else
+      launch_wgmma_tiles<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+  } else {
+    if (bf16)
+      launch_wgmma_tiles<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+    else
+      launch_wgmma_tiles<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+  }
+}
+
 }  // namespace
 
-void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, const GemmWorkspaceLayout& layout, void* workspace,
-                      cudaStream_t stream) {
+void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const GemmWorkspaceLayout& layout,
+                      void* workspace, cudaStream_t stream) {
   auto* base = static_cast<unsigned char*>(workspace);
   p.m_tiles = layout.m_tiles;
   p.n_tiles = layout.n_tiles;
@@ -139,6 +161,10 @@ void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, const GemmWorkspaceLa
                                                            p.m_tiles, p.tile_count, p.tile_starts,
                                                            reinterpret_cast<int4*>(p.tile_list));
     check_launch("grouped GEMM: row tile list");
+  }
+  if (path == GemmPath::wgmma) {
+    launch_wgmma(p, tile, stream);
+    return;
   }
   const Operands op = !varlen_m                        ? Operands::varlen_k
                       : p.b_layout == MOEKIT_GEMM_B_NK ? Operands::varlen_m_nk

@@ -59,8 +59,14 @@ void plan_grouped_gemm(moekit_plan& plan, int device_index) {
   int sm_count = 0;
   check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index),
              "grouped GEMM: SM count");
+  int cc_major = 0, cc_minor = 0;
+  check_cuda(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device_index),
+             "grouped GEMM: compute capability");
+  check_cuda(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
+             "grouped GEMM: compute capability");
   const GemmTile tile = choose_gemm_tile_or_override(shape, sm_count);
-  plan.kernel_config = static_cast<int32_t>(tile);
+  const GemmPath path = choose_gemm_path_or_override(d, cc_major, cc_minor);
+  plan.kernel_config = gemm_kernel_config(tile, path);
   plan.workspace_bytes = gemm_workspace_layout(d, tile).bytes;
 }
 
@@ -125,8 +131,9 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
     p.act = args.act.data;
     p.ld_act = stride_of(args.act, 0);
   }
-  const auto tile = static_cast<GemmTile>(plan.kernel_config);
-  gemm::run_grouped_gemm(p, tile, gemm_workspace_layout(d, tile), workspace.data, as_stream(stream));
+  const GemmTile tile = gemm_config_tile(plan.kernel_config);
+  gemm::run_grouped_gemm(p, tile, gemm_config_path(plan.kernel_config), gemm_workspace_layout(d, tile),
+                         workspace.data, as_stream(stream));
 }
 
 }  // namespace cuda

@@ -1,0 +1,271 @@
+// Device pieces shared by the grouped GEMM's tile kernels (mma.sync: grouped_gemm_kernel.cuh, wgmma:
+// grouped_gemm_wgmma_kernel.cuh): the operand dtype of a moekit dtype, the K-major 128-byte swizzle both use in
+// shared memory, the CONCAT gate/up column pairing, and the epilogues with their rounding points (h rounded and
+// stored, a computed from the rounded h; alpha, bias and beta in fp32), each on 8 values of one row read from an
+// fp32 staging tile.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "cuda/common/activation.cuh"
+#include "cuda/common/storage.cuh"
+#include "cuda/gemm/grouped_gemm.h"
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace gemm {
+
+template <int32_t Dtype>
+struct StorageFor;
+template <>
+struct StorageFor<MOEKIT_DTYPE_BF16> {
+  using type = __nv_bfloat16;
+};
+template <>
+struct StorageFor<MOEKIT_DTYPE_FP16> {
+  using type = __half;
+};
+
+// Byte offset of 16-byte chunk `chunk` of row `row` in a K-major tile (rows of 64 values = 128 bytes): the chunk
+// is XORed with the row's low 3 bits, so the 8 rows one ldmatrix reads hit 8 different bank groups.
+__device__ __forceinline__ uint32_t kmajor_offset(int row, int chunk) {
+  return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
+}
+
+// Where a logical column of the gated product lives in h / B. For a gated activation in the CONCAT layout the
+// product's columns are reordered in blocks of 16: 8 gate columns j..j+7 then the 8 up columns of the same j, so
+// that a fragment's gate and up values sit in one thread (and one 64-column warp tile).
+__device__ __forceinline__ int64_t concat_pair_column(int64_t logical, int64_t act_width) {
+  return (logical >> 4) * 8 + (logical & 7) + ((logical & 8) ? act_width : 0);
+}
+
+template <class T>
+__device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
+  const Vec16<T> raw = load16(p);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) out[i] = to_float(raw.v[i]);
+}
+
+// Rounds 8 values to T and stores them (16 bytes); `rounded` receives the stored values back in fp32.
+// NOTE: outputs are stored evict-first (st.global.cs): this kernel never reads them again, and the operands that
+// the next tiles re-read stay in L2.
+template <class T>
+__device__ __forceinline__ void store8_rounded(T* p, const float (&in)[8], float (&rounded)[8]) {
+  Vec16<T> raw;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    raw.v[i] = from_float<T>(in[i]);
+    rounded[i] = to_float(raw.v[i]);
+  }
+  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&raw));
+}
+
+template <class T>
+__device__ __forceinline__ void store8(T* p, const float (&in)[8]) {
+  float unused[8];
+  store8_rounded(p, in, unused);
+}
+
+__device__ __forceinline__ void load8_fp32(const float* p, float (&out)[8]) {
+  const float4 lo = *reinterpret_cast<const float4*>(p);
+  const float4 hi = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+  out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+}
+
+__device__ __forceinline__ void store8_fp32(float* p, const float (&in)[8]) {
+  __stcs(reinterpret_cast<float4*>(p), make_float4(in[0], in[1], in[2], in[3]));
+  __stcs(reinterpret_cast<float4*>(p + 4), make_float4(in[4], in[5], in[6], in[7]));
+}
+
+// 8 values of C in its dtype, as fp32.
+template <class T>
+__device__ __forceinline__ void load8_c(const void* c, bool fp32, int64_t offset, float (&out)[8]) {
+  if (fp32)
+    load8_fp32(static_cast<const float*>(c) + offset, out);
+  else
+    load8(static_cast<const T*>(c) + offset, out);
+}
+
+template <class T>
+__device__ __forceinline__ void store8_c(void* c, bool fp32, int64_t offset, const float (&in)[8]) {
+  if (fp32)
+    store8_fp32(static_cast<float*>(c) + offset, in);
+  else
+    store8(static_cast<T*>(c) + offset, in);
+}
+
+// Gate and up values of activation columns j..j+7 in a row of h or of a bias: the CONCAT layout keeps them at
+// columns j and act_width + j, INTERLEAVED at 2j and 2j + 1.
+template <class T>
+__device__ __forceinline__ void load_glu8(const T* row, int64_t j, int64_t act_width, bool interleaved,
+                                          float (&g)[8], float (&u)[8]) {
+  if (!interleaved) {
+    load8(row + j, g);
+    load8(row + act_width + j, u);
+    return;
+  }
+  float lo[8], hi[8];
+  load8(row + 2 * j, lo);
+  load8(row + 2 * j + 8, hi);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    g[i] = lo[2 * i], u[i] = lo[2 * i + 1];
+    g[i + 4] = hi[2 * i], u[i + 4] = hi[2 * i + 1];
+  }
+}
+
+// Rounds gate and up values to T and stores them at their layout's columns (as load_glu8 reads them); g_stored and
+// u_stored receive the stored values in fp32.
+template <class T>
+__device__ __forceinline__ void store_glu8(T* row, int64_t j, int64_t act_width, bool interleaved,
+                                           const float (&g)[8], const float (&u)[8], float (&g_stored)[8],
+                                           float (&u_stored)[8]) {
+  if (!interleaved) {
+    store8_rounded(row + j, g, g_stored);
+    store8_rounded(row + act_width + j, u, u_stored);
+    return;
+  }
+  float lo[8], hi[8];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    lo[2 * i] = g[i], lo[2 * i + 1] = u[i];
+    hi[2 * i] = g[i + 4], hi[2 * i + 1] = u[i + 4];
+  }
+  store8_rounded(row + 2 * j, lo, lo);
+  store8_rounded(row + 2 * j + 8, hi, hi);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    g_stored[i] = lo[2 * i], u_stored[i] = lo[2 * i + 1];
+    g_stored[i + 4] = hi[2 * i], u_stored[i + 4] = hi[2 * i + 1];
+  }
+}
+
+// ------------------------------------------------------------------------------------------------------------
+// Epilogues: each call handles 8 values of one row of the tile, read from the fp32 staging tile.
+// ------------------------------------------------------------------------------------------------------------
+
+// v = alpha * staged[0..8) + bias[group, col..col+8) (no bias when p.bias is null).
+template <class T>
+__device__ __forceinline__ void scaled_plus_bias(const GroupedGemmProblem& p, const float* staged, int64_t group,
+                                                 int64_t col, float (&v)[8]) {
+  load8_fp32(staged, v);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] *= p.alpha;
+  if (p.bias != nullptr) {
+    float bias[8];
+    load8(static_cast<const T*>(p.bias) + group * p.bias_stride + col, bias);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] += bias[i];
+  }
+}
+
+// STORE / BIAS (varlen M) and varlen K: C = alpha product + bias + beta C.
+template <class T>
+__device__ __forceinline__ void epilogue_store(const GroupedGemmProblem& p, const float* staged, int64_t group,
+                                               int64_t c_offset, int64_t col) {
+  float v[8];
+  scaled_plus_bias<T>(p, staged, group, col, v);
+  if (p.beta != 0.0f) {
+    float old[8];
+    load8_c<T>(p.c, p.c_fp32, c_offset, old);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) v[i] += p.beta * old[i];
+  }
+  store8_c<T>(p.c, p.c_fp32, c_offset, v);
+}
+
+// GATED with a non-gated activation: h = round(alpha product + bias), a = round(act(h)), both at column col.
+template <class T>
+__device__ __forceinline__ void epilogue_gated_plain(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                                     const float* staged, int64_t group, int64_t row, int64_t col) {
+  float v[8], h[8];
+  scaled_plus_bias<T>(p, staged, group, col, v);
+  store8_rounded(static_cast<T*>(p.c) + row * p.ldc + col, v, h);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) v[i] = plain_forward(act, h[i]);
+  store8(static_cast<T*>(p.act) + row * p.ld_act + col, v);
+}
+
+// GATED with a gated activation: 8 gate and 8 up values of activation columns j..j+7 (staged apart), stored at
+// their layout's h columns; a from the rounded h.
+template <class T>
+__device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                                   const float* staged_gate, const float* staged_up,
+                                                   int64_t group, int64_t row, int64_t j) {
+  const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
+  float g[8], u[8];
+  load8_fp32(staged_gate, g);
+  load8_fp32(staged_up, u);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    g[i] *= p.alpha;
+    u[i] *= p.alpha;
+  }
+  if (p.bias != nullptr) {
+    float bg[8], bu[8];
+    load_glu8(static_cast<const T*>(p.bias) + group * p.bias_stride, j, p.act_width, interleaved, bg, bu);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      g[i] += bg[i];
+      u[i] += bu[i];
+    }
+  }
+  float hg[8], hu[8];
+  store_glu8(static_cast<T*>(p.c) + row * p.ldc, j, p.act_width, interleaved, g, u, hg, hu);
+  float a[8];
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] = gated_forward(act, hg[i], hu[i]);
+  store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
+}
+
+// DGATED for activation columns j..j+7 of one row: returns this part of dA . a (fp32, in column order).
+template <class T>
+__device__ __forceinline__ float epilogue_dgated(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                                 const float* staged, int64_t row, int64_t j, float scale) {
+  float da_raw[8];
+  load8_fp32(staged, da_raw);
+  const T* h_row = static_cast<const T*>(p.h) + row * p.ldh;
+  T* dh_row = static_cast<T*>(p.c) + row * p.ldc;
+  float a[8], dot = 0.0f;
+  if (is_gated_activation(act.kind)) {
+    const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
+    float g[8], u[8];
+    load_glu8(h_row, j, p.act_width, interleaved, g, u);
+    float dg[8], du[8];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float da = p.alpha * da_raw[i];
+      a[i] = gated_forward(act, g[i], u[i]);
+      dot += da * a[i];
+      gated_backward(act, g[i], u[i], scale * da, dg[i], du[i]);
+    }
+    float unused_g[8], unused_u[8];
+    store_glu8(dh_row, j, p.act_width, interleaved, dg, du, unused_g, unused_u);
+  } else {
+    float z[8], dz[8];
+    load8(h_row + j, z);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float da = p.alpha * da_raw[i];
+      a[i] = plain_forward(act, z[i]);
+      dot += da * a[i];
+      dz[i] = scale * da * plain_grad(act, z[i]);
+    }
+    store8(dh_row + j, dz);
+  }
+#pragma unroll
+  for (int i = 0; i < 8; ++i) a[i] *= scale;
+  store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
+  return dot;
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit

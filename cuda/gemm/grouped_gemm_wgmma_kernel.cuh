@@ -1,0 +1,295 @@
+// The grouped GEMM tile kernel of sm_90a for varlen M with B [E, n, k] (both operands K-major), bf16 / fp16 in,
+// fp32 accumulators, epilogues STORE, BIAS and GATED (grouped_gemm.h's semantics, the same epilogue code and
+// rounding points as the mma.sync kernel: gemm_tile_parts.cuh).
+//
+// One persistent CTA per SM walks the tiles (row tile of the device-built tile list x column tile, row-tile
+// major so a wave shares the weight tiles of few experts in L2) with three warpgroups:
+//   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (two
+//     boxes of BN/2 rows: for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..) and A's 128 x 64
+//     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first stages in shared memory;
+//     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
+//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread).
+//   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
+//     descriptors, then release the slot on its `empty` mbarrier; after the last slice the accumulators go
+//     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
+//
+// Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
+// group strides multiples of 8 elements; the grid at most the device's SM count (one CTA per SM: ~226 KiB).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cuda/common/cp_async.cuh"
+#include "cuda/common/cuda_check.h"
+#include "cuda/common/mbarrier.cuh"
+#include "cuda/common/tma.cuh"
+#include "cuda/common/wgmma.cuh"
+#include "cuda/gemm/gemm_tile_parts.cuh"
+#include "cuda/gemm/grouped_gemm_wgmma.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace gemm {
+
+template <int BN>
+struct WgmmaTileConfig {
+  static constexpr int bm = 128;
+  static constexpr int bn = BN;
+  static constexpr int bk = 64;  // one 128-byte swizzle row of 16-bit values
+  static constexpr int stages = 4;
+  static constexpr int consumer_warpgroups = 2;
+  static constexpr int threads = 128 * (1 + consumer_warpgroups);
+  static constexpr int producer_registers = 40;
+  static constexpr int consumer_registers = 232;
+  static constexpr int a_stage_bytes = bm * bk * 2;
+  static constexpr int b_stage_bytes = bn * bk * 2;
+  static constexpr int b_box_rows = bn / 2;
+  static constexpr int chunk_columns = 64;  // staged product columns per epilogue round
+  // NOTE: 4 floats of padding keep rows 16-byte aligned for the epilogue's float4 reads while shifting banks.
+  static constexpr int staging_pitch = chunk_columns + 4;
+  static constexpr int staging_bytes = 64 * staging_pitch * 4;  // one consumer warpgroup's 64 rows
+  static constexpr int a_offset = 0;
+  static constexpr int b_offset = a_offset + stages * a_stage_bytes;
+  static constexpr int staging_offset = b_offset + stages * b_stage_bytes;
+  static constexpr int rows_offset = staging_offset + consumer_warpgroups * staging_bytes;
+  static constexpr int barrier_offset = rows_offset + bm * 4;
+  static constexpr int shared_bytes = barrier_offset + 2 * stages * 8;
+
+  static_assert(BN == 128 || BN == 256, "wgmma_m64k16 exists for N = 128 and 256");
+  static_assert(a_stage_bytes % 1024 == 0 && b_stage_bytes % 1024 == 0 && (b_box_rows * 128) % 1024 == 0,
+                "every swizzled tile and TMA box starts 1024-byte aligned");
+  static_assert(bm == 64 * consumer_warpgroups, "each consumer warpgroup owns 64 rows of the tile");
+  static_assert(bm == 128, "the producer stages one row index per producer thread");
+  static_assert(BN % chunk_columns == 0, "the epilogue stages whole 64-column chunks");
+  static_assert(barrier_offset % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(shared_bytes <= 227 * 1024, "one CTA fits the opt-in shared memory of an sm_90 SM");
+  static_assert(producer_registers * 128 + consumer_registers * 128 * consumer_warpgroups <= 65536,
+                "the warpgroups' registers fit the register file");
+};
+
+template <GemmTile Tile>
+struct WgmmaTileFor;
+template <>
+struct WgmmaTileFor<GemmTile::m128_n256> {
+  using type = WgmmaTileConfig<256>;
+};
+template <>
+struct WgmmaTileFor<GemmTile::m128_n128> {
+  using type = WgmmaTileConfig<128>;
+};
+
+// The producer's and consumers' shared view of tile `tile` of the persistent walk.
+struct WgmmaTile {
+  int64_t group;
+  int64_t row_begin;  // first grouped row (the tile's row 0)
+  int64_t row_end;    // end of the group's rows
+  int64_t n_tile;
+};
+
+__device__ __forceinline__ WgmmaTile wgmma_tile_at(const GroupedGemmProblem& p, int64_t tile) {
+  const int4 info = reinterpret_cast<const int4*>(p.tile_list)[tile / p.n_tiles];
+  return WgmmaTile{info.x, info.y, info.z, tile % p.n_tiles};
+}
+
+// Copies a consumer's accumulators of epilogue chunk `chunk` into its staging rows [64][pitch]. Plain products
+// stage product columns 64 chunk..+63 as they are; a gated activation stages gate values in columns [0, 32) and
+// up values in [32, 64) for activation columns 32 chunk..+31 of the tile (CONCAT: product columns 32 chunk.. and
+// BN/2 + 32 chunk..; INTERLEAVED: product columns 64 chunk.. alternate gate, up).
+template <class Cfg>
+__device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int chunk, bool split_glu,
+                                            bool interleaved, float* staging, int wg_tid) {
+  constexpr int pitch = Cfg::staging_pitch;
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int quad_col = 2 * (lane % 4);
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float* line = staging + (16 * warp + lane / 4 + 8 * half) * pitch;
+    if (split_glu && !interleaved) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int gate_block = 4 * chunk + i, up_block = Cfg::bn / 16 + 4 * chunk + i;
+        *reinterpret_cast<float2*>(line + 8 * i + quad_col) =
+            make_float2(acc[4 * gate_block + 2 * half], acc[4 * gate_block + 2 * half + 1]);
+        *reinterpret_cast<float2*>(line + 32 + 8 * i + quad_col) =
+            make_float2(acc[4 * up_block + 2 * half], acc[4 * up_block + 2 * half + 1]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const int block = 8 * chunk + i;
+        const float v0 = acc[4 * block + 2 * half], v1 = acc[4 * block + 2 * half + 1];
+        if (split_glu) {
+          line[(8 * i + quad_col) / 2] = v0;
+          line[32 + (8 * i + quad_col) / 2] = v1;
+        } else {
+          *reinterpret_cast<float2*>(line + 8 * i + quad_col) = make_float2(v0, v1);
+        }
+      }
+    }
+  }
+}
+
+template <class T, class Cfg>
+__global__ void __launch_bounds__(Cfg::threads, 1)
+    grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ CUtensorMap b_map) {
+#if MOEKIT_SM90A_ENABLED
+  constexpr int BM = Cfg::bm, BN = Cfg::bn, BK = Cfg::bk, S = Cfg::stages;
+  extern __shared__ __align__(1024) unsigned char shared[];
+  const uint32_t smem = shared_address(shared);
+  const uint32_t smem_a = smem + Cfg::a_offset;
+  const uint32_t smem_b = smem + Cfg::b_offset;
+  int32_t* tile_rows = reinterpret_cast<int32_t*>(shared + Cfg::rows_offset);  // [BM] source row or -1
+  const uint32_t full_bars = smem + Cfg::barrier_offset;                       // [S] operands of a slot landed
+  const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warpgroup = tid / 128, wg_tid = tid % 128;
+
+  if (tid == 0) {
+    // NOTE: the swizzle is a function of the address bits, so the tiles must sit 1024-byte aligned.
+    if ((smem & 1023) != 0) __trap();
+#pragma unroll
+    for (int s = 0; s < S; ++s) {
+      mbarrier_init(full_bars + 8 * s, 128 + 1);
+      mbarrier_init(empty_bars + 8 * s, 128 * Cfg::consumer_warpgroups);
+    }
+    mbarrier_init_fence();
+    tma_prefetch_descriptor(&b_map);
+  }
+  __syncthreads();
+
+  const int64_t tiles = static_cast<int64_t>(*p.tile_count) * p.n_tiles;
+  const int64_t slices = p.k / BK;
+  const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
+  const bool split_glu = gated && is_gated_activation(p.activation);
+  const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
+  const bool concat_pairs = split_glu && !interleaved;
+
+  if (warpgroup == 0) {
+    // ---- Producer ----
+    setmaxnreg_dec<Cfg::producer_registers>();
+    const T* a_base = static_cast<const T*>(p.a);
+    const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A;
+    const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
+    uint32_t it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const WgmmaTile t = wgmma_tile_at(p, tile);
+      named_barrier_sync(1, 128);  // every producer thread is done reading the previous tile's rows
+      const int64_t r = t.row_begin + wg_tid;
+      tile_rows[wg_tid] =
+          r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
+      named_barrier_sync(1, 128);
+      const auto b_first = static_cast<int32_t>(concat_pairs ? t.n_tile * (BN / 2) : t.n_tile * BN);
+      const auto b_second = static_cast<int32_t>(concat_pairs ? p.act_width + t.n_tile * (BN / 2) : b_first + BN / 2);
+      for (int64_t s = 0; s < slices; ++s, ++it) {
+        const uint32_t slot = it % S, parity = (it / S) & 1;
+        mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+        const uint32_t full = full_bars + 8 * slot;
+        const auto k0 = static_cast<int32_t>(s * BK);
+        if (wg_tid == 0) {
+          const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
+          mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
+          tma_load_3d(b_slot, &b_map, full, k0, b_first, static_cast<int32_t>(t.group));
+          tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, static_cast<int32_t>(t.group));
+        }
+        const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
+#pragma unroll
+        for (int i = 0; i < BM / 16; ++i) {
+          const int row = wg_tid / 8 + 16 * i;
+          const int32_t src = tile_rows[row];
+          const bool ok = src >= 0;
+          const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
+          cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
+        }
+        mbarrier_arrive_on_cp_async(full);
+      }
+    }
+  } else {
+    // ---- Consumers ----
+    setmaxnreg_inc<Cfg::consumer_registers>();
+    const int consumer = warpgroup - 1;
+    float* staging = reinterpret_cast<float*>(shared + Cfg::staging_offset) + consumer * 64 * Cfg::staging_pitch;
+    const DeviceActivation act{p.activation, p.glu_limit};
+    float acc[BN / 2];
+    uint32_t it = 0;
+    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+      const WgmmaTile t = wgmma_tile_at(p, tile);
+      for (int64_t s = 0; s < slices; ++s, ++it) {
+        const uint32_t slot = it % S, parity = (it / S) & 1;
+        mbarrier_wait(full_bars + 8 * slot, parity);
+        // NOTE: A arrived by cp.async (generic proxy); wgmma reads shared memory through the async proxy.
+        fence_proxy_async_shared();
+        const uint32_t a_tile = smem_a + slot * Cfg::a_stage_bytes + consumer * 64 * 128;
+        const uint32_t b_tile = smem_b + slot * Cfg::b_stage_bytes;
+        wgmma_fence_accumulators(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 16; ++kk)
+          wgmma_m64k16<BN, T>(acc, wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk),
+                              wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk), s > 0 || kk > 0);
+        wgmma_commit();
+        wgmma_wait<0>();
+        wgmma_fence_accumulators(acc);
+        mbarrier_arrive(empty_bars + 8 * slot);
+      }
+
+      // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
+      const int64_t n0 = t.n_tile * BN;
+      const int64_t first_row = t.row_begin + 64 * consumer;
+      const int items_per_row = split_glu ? 4 : 8;
+      const int rows_per_pass = 128 / items_per_row;
+      const int item = wg_tid % items_per_row;
+#pragma unroll
+      for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+        named_barrier_sync(2 + consumer, 128);  // the previous chunk's staging reads are done
+        stage_chunk<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
+        named_barrier_sync(2 + consumer, 128);
+#pragma unroll 1
+        for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
+          const int64_t r = first_row + row;
+          if (r >= t.row_end) break;
+          const float* line = staging + row * Cfg::staging_pitch;
+          if (split_glu) {
+            const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
+            if (j < p.act_width) epilogue_gated_glu<T>(p, act, line + 8 * item, line + 32 + 8 * item, t.group, r, j);
+          } else {
+            const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
+            if (col >= p.n) continue;
+            if (gated)
+              epilogue_gated_plain<T>(p, act, line + 8 * item, t.group, r, col);
+            else
+              epilogue_store<T>(p, line + 8 * item, t.group, r * p.ldc + col, col);
+          }
+        }
+      }
+    }
+  }
+#else
+  // NOTE: built for another architecture: choose_gemm_path never sends a launch here.
+  __trap();
+#endif
+}
+
+// The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
+// instantiates one.
+template <int32_t Dtype, GemmTile Tile>
+void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream) {
+  using T = typename StorageFor<Dtype>::type;
+  using Cfg = typename WgmmaTileFor<Tile>::type;
+  const int64_t bound = p.m_tiles * p.n_tiles;
+  if (bound == 0) return;
+  const int64_t blocks = bound < sm_count ? bound : sm_count;
+  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg>;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
+             "grouped GEMM (wgmma): shared memory opt-in");
+  kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);
+  check_launch("grouped GEMM (wgmma): tile kernel");
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
