@@ -1,13 +1,20 @@
 // The CUDA grouped GEMM's host decisions (src/gemm_tiling.h), pure functions checked without a GPU: the tile
-// heuristic over a table of shapes, the MOEKIT_GEMM_TILE override, and the workspace layout's bounds.
+// heuristic over a table of shapes, the MOEKIT_GEMM_TILE override, the workspace layout's bounds, and the
+// mma.sync / wgmma path choice with its MOEKIT_GEMM_PATH override.
 #include <catch2/catch.hpp>
 
 #include <cstdlib>
 
 #include "gemm_tiling.h"
 
+using moekit::GemmPath;
 using moekit::GemmShape;
 using moekit::GemmTile;
+using moekit::choose_gemm_path;
+using moekit::choose_gemm_path_or_override;
+using moekit::gemm_config_path;
+using moekit::gemm_config_tile;
+using moekit::gemm_kernel_config;
 using moekit::gemm_shape;
 using moekit::gemm_tile_shape;
 using moekit::gemm_workspace_layout;
@@ -98,4 +105,48 @@ TEST_CASE("gemm tiling: the workspace holds every row tile and every DGATED part
     // varlen K needs no workspace.
     CHECK(gemm_workspace_layout(desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, 0, 8, 4096, 512, 256), tile).bytes == 0);
   }
+}
+
+TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M NK forward shapes it was written for", "[gemm]") {
+  moekit_gemm_desc_t up = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_GATED, MOEKIT_ACT_SWIGLU, 128, 131072, 2048, 4096);
+  up.dtype = MOEKIT_DTYPE_BF16;
+  up.b_layout = MOEKIT_GEMM_B_NK;
+  CHECK(choose_gemm_path(up, 9, 0) == GemmPath::wgmma);
+  CHECK(choose_gemm_path(up, 8, 0) == GemmPath::mma_sync);
+  CHECK(choose_gemm_path(up, 10, 0) == GemmPath::mma_sync);
+  moekit_gemm_desc_t down = up;
+  down.epilogue = MOEKIT_EPILOGUE_BIAS;
+  down.n = 4096;
+  down.k = 1024;
+  CHECK(choose_gemm_path(down, 9, 0) == GemmPath::wgmma);
+  moekit_gemm_desc_t other = up;
+  other.k = 4104;  // a multiple of 8, not of 64
+  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  other = up;
+  other.n = 2056;
+  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  other = up;
+  other.b_layout = MOEKIT_GEMM_B_KN;
+  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  other = up;
+  other.epilogue = MOEKIT_EPILOGUE_DGATED;
+  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  other = up;
+  other.dtype = MOEKIT_DTYPE_FP32;
+  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  const moekit_gemm_desc_t wgrad = desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, MOEKIT_ACT_SWIGLU, 8, 4096, 512, 256);
+  CHECK(choose_gemm_path(wgrad, 9, 0) == GemmPath::mma_sync);
+
+  setenv("MOEKIT_GEMM_PATH", "mma", 1);
+  CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::mma_sync);
+  setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
+  CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::wgmma);
+  CHECK(choose_gemm_path_or_override(other, 9, 0) == GemmPath::mma_sync);
+  unsetenv("MOEKIT_GEMM_PATH");
+
+  for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128})
+    for (GemmPath path : {GemmPath::mma_sync, GemmPath::wgmma}) {
+      CHECK(gemm_config_tile(gemm_kernel_config(tile, path)) == tile);
+      CHECK(gemm_config_path(gemm_kernel_config(tile, path)) == path);
+    }
 }
