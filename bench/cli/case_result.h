@@ -62,6 +62,8 @@ struct CaseResult {
   int warmup = 0, iterations = 0, repeats = 0, sets = 0;
   bool graph = false;
   std::string timing_method;
+  // The library's kernel choices for the case's plan (MOEKIT_LOG_CONFIG lines; none on the reference backend).
+  std::vector<std::string> kernel_choices;
   std::string derivation;  // "", or how the time was derived ("t(forward + backward) - t(forward)")
 
   double flops = 0, bytes = 0;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <memory>
 
+#include "kernel_choice_log.h"
 #include "workload.h"
 
 namespace moekit_bench {
@@ -60,7 +61,8 @@ void measure_baseline(CaseResult& r, const WorkModel& model, const CallCounts& c
 void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, WorkModel& model, CallCounts& counts) {
   Platform& platform = context.platform;
   std::unique_ptr<Workload> workload = make_workload(config, config.shape);
-  check_call(workload->create_plan(context.handle), "plan creation");
+  r.kernel_choices =
+      capture_kernel_choices([&] { check_call(workload->create_plan(context.handle), "plan creation"); });
   r.workspace_bytes = workload->workspace_bytes();
   r.saved_bytes = workload->saved_bytes();
   model = workload->model();

@@ -97,7 +97,7 @@ ordered_json case_json(const CaseResult& r) {
                       {"tflops", number(r.baseline_tflops)},
                       {"gbps", number(r.baseline_gbps)}}},
                     {"ratio", number(r.ratio)},
-                    {"kernel_config", "not reported by the library yet"},
+                    {"kernel_config", r.kernel_choices},
                     {"check", check_json(r.check)}};
   if (r.breakdown_requested) {
     ordered_json kernels = ordered_json::array();

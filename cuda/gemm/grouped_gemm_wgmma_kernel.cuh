@@ -231,10 +231,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           wgmma_m64k16<BN, T>(acc, wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk),
                               wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk), s > 0 || kk > 0);
         wgmma_commit();
-        wgmma_wait<0>();
-        wgmma_fence_accumulators(acc);
-        mbarrier_arrive(empty_bars + 8 * slot);
+        // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
+        // then hand its slot back to the producer.
+        wgmma_wait<1>();
+        if (s > 0) mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
       }
+      wgmma_wait<0>();
+      wgmma_fence_accumulators(acc);
+      mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
 
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;

@@ -51,6 +51,20 @@ class CudaBackend final : public Backend {
 // the tile choice (plan.kernel_config) and its workspace size.
 void plan_grouped_gemm(moekit_plan& plan, int device_index);
 
+// With MOEKIT_LOG_CONFIG=1, plan_grouped_gemm prints its choice on stderr. Layer calls re-size their building
+// blocks' plans on every call; while one of these lives on a thread, that thread prints nothing, so the choices
+// appear once, when the layer's plan is created.
+class KernelChoiceLogMute {
+ public:
+  KernelChoiceLogMute();
+  ~KernelChoiceLogMute();
+  KernelChoiceLogMute(const KernelChoiceLogMute&) = delete;
+  KernelChoiceLogMute& operator=(const KernelChoiceLogMute&) = delete;
+
+ private:
+  bool was_muted_;
+};
+
 }  // namespace cuda
 }  // namespace v0
 }  // namespace moekit

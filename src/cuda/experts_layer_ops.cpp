@@ -81,6 +81,7 @@ void CudaBackend::experts_layer_sizes(moekit_plan& plan) const {
 
 void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,
                                   Workspace ws, void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
   ExpertMlpPlans p = experts_plans(plan);
@@ -104,6 +105,7 @@ void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_
 
 void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts_bwd_args_t& args, const void* saved,
                                    Workspace ws, void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;

@@ -3,6 +3,9 @@
 // strides in whole 16-byte vectors), fills the kernels' problem from the views and enqueues cuda/gemm/.
 #include <cuda_runtime.h>
 
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <string>
 #include <utility>
 
@@ -44,7 +47,22 @@ void require_vector_strides(const char* name, const moekit_tensor_t& t) {
   for (int d = 0; d + 1 < t.rank; ++d) require_multiple_of_8(name, "every row stride", stride_of(t, d));
 }
 
+thread_local bool kernel_choice_log_muted = false;
+
+// MOEKIT_LOG_CONFIG=1 (anything but "0"): the kernel chosen for a grouped GEMM plan, one line on stderr.
+void log_gemm_config(const moekit_gemm_desc_t& d, GemmPath path, GemmTile tile) {
+  const char* log = std::getenv("MOEKIT_LOG_CONFIG");
+  if (kernel_choice_log_muted || log == nullptr || std::strcmp(log, "0") == 0) return;
+  std::fprintf(stderr, "moekit: grouped GEMM %s, %lld groups, n %lld, k %lld, epilogue %d, dtype %d: %s %s\n",
+               d.mode == MOEKIT_GEMM_VARLEN_K ? "varlen K" : "varlen M", static_cast<long long>(d.groups),
+               static_cast<long long>(d.n), static_cast<long long>(d.k), d.epilogue, d.dtype, gemm_path_name(path),
+               gemm_tile_name(tile));
+}
+
 }  // namespace
+
+KernelChoiceLogMute::KernelChoiceLogMute() : was_muted_(kernel_choice_log_muted) { kernel_choice_log_muted = true; }
+KernelChoiceLogMute::~KernelChoiceLogMute() { kernel_choice_log_muted = was_muted_; }
 
 void plan_grouped_gemm(moekit_plan& plan, int device_index) {
   const moekit_gemm_desc_t& d = plan.gemm;
@@ -68,6 +86,7 @@ void plan_grouped_gemm(moekit_plan& plan, int device_index) {
   const GemmPath path = choose_gemm_path_or_override(d, cc_major, cc_minor);
   plan.kernel_config = gemm_kernel_config(tile, path);
   plan.workspace_bytes = gemm_workspace_layout(d, tile).bytes;
+  log_gemm_config(d, path, tile);
 }
 
 void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, Workspace workspace, void* stream) {

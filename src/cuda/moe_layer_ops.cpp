@@ -135,6 +135,7 @@ void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
 
 void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& args, void* saved, Workspace ws,
                               void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
   MoePlans p = moe_plans(plan);
@@ -192,6 +193,7 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
 
 void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& args, const void* saved,
                                Workspace ws, void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;

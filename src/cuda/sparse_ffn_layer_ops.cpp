@@ -167,6 +167,7 @@ void CudaBackend::sparse_ffn_layer_sizes(moekit_plan& plan) const {
 
 void CudaBackend::sparse_ffn_forward(const moekit_plan& plan, const moekit_sparse_ffn_fwd_args_t& args, void* saved,
                                      Workspace ws, void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
   const cudaStream_t stream = as_stream(stream_ptr);
   SparseFfnPlans p = sparse_ffn_plans(plan);
@@ -216,6 +217,7 @@ void CudaBackend::sparse_ffn_forward(const moekit_plan& plan, const moekit_spars
 
 void CudaBackend::sparse_ffn_backward(const moekit_plan& plan, const moekit_sparse_ffn_bwd_args_t& args,
                                       const void* saved, Workspace ws, void* stream_ptr) {
+  const KernelChoiceLogMute quiet;
   const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;

@@ -22,6 +22,7 @@
 #include "gpu/device_array.h"
 #include "gpu/gemm_oracle.h"
 #include "gpu/gpu_util.h"
+#include "gemm_tiling.h"
 
 using namespace moekit_test;
 
@@ -427,53 +428,28 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
   CHECK(checked == 16 * 28);
 }
 
-TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
+// The shapes the sm_90a wgmma kernel takes (k and n multiples of 64, B [E, n, k], STORE / BIAS / GATED): every
+// epilogue, activation and GLU layout it serves, both dtypes, gathered or not, both tiles, counts of tile +- 1 and
+// empty groups. GATED with a GLU has an activation width of 96, so the gate box of a 256-wide tile reaches into
+// the up rows (computed, never stored). Under MOEKIT_GEMM_PATH=mma the same cases check the mma.sync kernel.
+TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes", "[gemm][wgmma]") {
   Handles handles;
-  std::mt19937_64 rng(2);
+  std::mt19937_64 rng(5);
+  int checked = 0;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
-    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B})
-      for (moekit_dtype_t out_dtype : {dtype, MOEKIT_DTYPE_FP32})
-        for (double beta : {0.0, 1.0})
-          for (const char* tile : kTiles) {
-            Case cs;
-            cs.mode = MOEKIT_GEMM_VARLEN_K;
-            cs.dtype = dtype;
-            cs.out_dtype = out_dtype;
-            cs.gather = gather;
-            cs.beta = beta;
-            cs.alpha = beta != 0 ? 0.5 : 1.0;
-            cs.k = 136;
-            cs.n = 264;
-            cs.tile = tile;
-            check_case(handles, make_inputs(rng, cs));
-          }
-}
-
-TEST_CASE("gemm: skewed counts, one group taking every row, all groups empty, int64 gather indices", "[gemm]") {
-  Handles handles;
-  std::mt19937_64 rng(3);
-  const std::vector<std::vector<int64_t>> count_sets = {
-      {0, 0, 700, 0, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 513}, {0, 0, 0}, {255, 257, 1, 128, 383}};
-  for (const auto& counts : count_sets)
-    for (const char* tile : kTiles) {
-      Case m;
-      m.counts = counts;
-      m.gather = MOEKIT_GEMM_GATHER_A;
-      m.gather_int64 = true;
-      m.tile = tile;
-      m.sources = 97;
-      check_case(handles, make_inputs(rng, m));
-      m.epilogue = MOEKIT_EPILOGUE_DGATED;
-      m.b_layout = MOEKIT_GEMM_B_KN;
-      check_case(handles, make_inputs(rng, m));
-      Case k = m;
-      k.mode = MOEKIT_GEMM_VARLEN_K;
-      k.epilogue = MOEKIT_EPILOGUE_STORE;
-      k.gather = MOEKIT_GEMM_GATHER_B;
-      k.beta = 1.0;
-      k.k = 64;
-      check_case(handles, make_inputs(rng, k));
-    }
+    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
+      for (const char* tile : kTiles)
+        for (Case cs : varlen_m_cases(dtype, MOEKIT_GEMM_B_NK, gather, tile)) {
+          if (cs.epilogue == MOEKIT_EPILOGUE_DGATED) continue;
+          cs.k = 192;
+          cs.n = cs.epilogue != MOEKIT_EPILOGUE_GATED ? 320 : gated_activation(cs.activation) ? 192 : 128;
+          cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
+          const Inputs in = make_inputs(rng, cs);
+          REQUIRE(moekit::wgmma_eligible(in.desc, 9, 0));
+          check_case(handles, in);
+          ++checked;
+        }
+  CHECK(checked == 8 * 16);
 }
 
 TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
@@ -489,6 +465,11 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
   for (const char* tile : kTiles) {
     cs.tile = tile;
     check_case(handles, make_inputs(rng, cs));
+    Case w = cs;  // k and n multiples of 64: the wgmma kernel's shapes
+    w.k = 128;
+    w.n = 192;
+    w.counts = {0, 1, 129, 127, 37};
+    check_case(handles, make_inputs(rng, w));
     Case d = cs;
     d.epilogue = MOEKIT_EPILOGUE_DGATED;
     d.bias = false;
