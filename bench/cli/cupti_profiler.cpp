@@ -98,8 +98,13 @@ class CuptiProfiler final : public KernelProfiler {
         it = position.emplace(name, kernels.size()).first;
         kernels.push_back(KernelTime{name, 0, 0});
       }
-      kernels[it->second].calls += 1.0 / calls;
-      kernels[it->second].us += static_cast<double>(ns) * 1e-3 / calls;
+      // Totals first, one division at the end: adding 1/calls per launch gave 0.9999999999999999 launches.
+      kernels[it->second].calls += 1;
+      kernels[it->second].us += static_cast<double>(ns) * 1e-3;
+    }
+    for (KernelTime& k : kernels) {
+      k.calls /= calls;
+      k.us /= calls;
     }
     return kernels;
   }
