@@ -125,7 +125,8 @@ moekit_moe_desc_t layer_desc(const Config& c) {
 }
 
 // Forward, then (unless in inference mode) backward in one call or two (split_backward) on `handle`.
-Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in) {
+// `stream`: nullptr (the legacy default stream) or a non-blocking stream of the CUDA handle's device.
+Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in, cudaStream_t stream = nullptr) {
   const int64_t T = c.tokens, H = c.hidden, RE = c.router_experts, K = c.top_k;
   moekit_moe_desc_t d = layer_desc(c);
   moekit_plan_t plan = nullptr;
@@ -169,9 +170,12 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.beta_out = c.beta_out;
   void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  // NOTE: the uploads are pageable copies on the legacy stream, which a non-blocking stream does not wait for.
+  if (stream != nullptr) CUDA_REQUIRE(cudaDeviceSynchronize());
+  MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
   if (c.inference) {
     REQUIRE(saved_bytes == 0);
+    if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
     at.fetch();
     moekit_plan_destroy(plan);
     return o;
@@ -198,11 +202,12 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   if (c.split_backward) {
     // Weight gradients first, then the input gradient: the saved buffer is only read, so any order works.
     b.compute_input_grad = 0;
-    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
     b.compute_input_grad = 1;
     b.compute_weight_grad = 0;
   }
-  MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+  if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;
@@ -310,7 +315,10 @@ TEST_CASE("CUDA MoE layer: inference mode, split backward calls, beta = 1 accumu
   check_moe(fp32_grads, 14);
 }
 
-TEST_CASE("CUDA MoE layer is bitwise identical over three runs", "[gpu][layer][moe]") {
+// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
+// third runs on a non-blocking stream instead of the legacy one.
+TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer addresses and streams",
+          "[gpu][layer][moe]") {
   Config c;
   c.tokens = 300;
   c.hidden = 256;
@@ -320,14 +328,17 @@ TEST_CASE("CUDA MoE layer is bitwise identical over three runs", "[gpu][layer][m
   std::mt19937_64 rng(9);
   Inputs in(c, rng);
   Handles h;
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const Outputs first = run_moe(h.cuda, true, c, in);
   for (int run = 0; run < 2; ++run) {
-    const Outputs again = run_moe(h.cuda, true, c, in);
+    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
     for (auto pair : {std::make_pair(&first.out, &again.out), std::make_pair(&first.dx, &again.dx),
                       std::make_pair(&first.dwr, &again.dwr), std::make_pair(&first.dw1, &again.dw1),
                       std::make_pair(&first.dw2, &again.dw2), std::make_pair(&first.db1, &again.db1)})
       REQUIRE(pair.first->bytes_equal(*pair.second));
   }
+  cudaStreamDestroy(stream);
 }
 
 namespace {

@@ -167,7 +167,9 @@ HostTensor initial(const HostTensor& old, double beta) {
 }
 
 // Forward, then (unless inference) the backward on `handle`: input and weight gradients in one call, or in two.
-Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in, bool inference = false) {
+// `stream`: nullptr (the legacy default stream) or a non-blocking stream of the CUDA handle's device.
+Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in, bool inference = false,
+                cudaStream_t stream = nullptr) {
   const moekit_sparse_ffn_desc_t d = layer_desc(c, inference);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(handle, &d, &plan));
@@ -202,7 +204,9 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.beta_out = c.beta_out;
   void* saved = inference ? nullptr : at.buffer(saved_bytes);
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  // NOTE: the uploads are pageable copies on the legacy stream, which a non-blocking stream does not wait for.
+  if (stream != nullptr) CUDA_REQUIRE(cudaDeviceSynchronize());
+  MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
 
   if (!inference) {
     moekit_sparse_ffn_bwd_args_t b;
@@ -220,12 +224,13 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     b.beta_dw_gate = b.beta_dw_up = b.beta_dw_down = c.beta_dw;
     if (c.split_backward) {
       b.compute_weight_grad = 0;
-      MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+      MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
       b.compute_weight_grad = 1;
       b.compute_input_grad = 0;
     }
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
   }
+  if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;
@@ -348,7 +353,10 @@ TEST_CASE("CUDA sparse FFN layer in inference mode gives the training forward's 
   require_close("out (inference)", inference.out, ref.out, c.dtype);
 }
 
-TEST_CASE("CUDA sparse FFN layer is bitwise identical over three runs", "[gpu][layer][sparse_ffn]") {
+// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
+// third runs on a non-blocking stream instead of the legacy one.
+TEST_CASE("CUDA sparse FFN layer is bitwise identical over three runs, across buffer addresses and streams",
+          "[gpu][layer][sparse_ffn]") {
   Config c;
   c.tokens = 301;
   c.d_model = 128;
@@ -358,15 +366,18 @@ TEST_CASE("CUDA sparse FFN layer is bitwise identical over three runs", "[gpu][l
   std::mt19937_64 rng(8);
   Inputs in(c, rng);
   Handles h;
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   const Outputs first = run_ffn(h.cuda, true, c, in);
   for (int run = 0; run < 2; ++run) {
-    const Outputs again = run_ffn(h.cuda, true, c, in);  // fresh buffers: other addresses
+    const Outputs again = run_ffn(h.cuda, true, c, in, false, run == 1 ? stream : nullptr);
     for (auto pair : {std::make_pair(&first.out, &again.out), std::make_pair(&first.groups, &again.groups),
                       std::make_pair(&first.counts, &again.counts), std::make_pair(&first.dx, &again.dx),
                       std::make_pair(&first.dwg, &again.dwg), std::make_pair(&first.dwu, &again.dwu),
                       std::make_pair(&first.dwd, &again.dwd)})
       REQUIRE(pair.first->bytes_equal(*pair.second));
   }
+  cudaStreamDestroy(stream);
 }
 
 TEST_CASE("CUDA sparse FFN layer reports fp32 storage as not supported", "[gpu][layer][sparse_ffn]") {
