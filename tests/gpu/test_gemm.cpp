@@ -452,6 +452,55 @@ TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes"
   CHECK(checked == 8 * 16);
 }
 
+TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
+  Handles handles;
+  std::mt19937_64 rng(2);
+  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
+    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B})
+      for (moekit_dtype_t out_dtype : {dtype, MOEKIT_DTYPE_FP32})
+        for (double beta : {0.0, 1.0})
+          for (const char* tile : kTiles) {
+            Case cs;
+            cs.mode = MOEKIT_GEMM_VARLEN_K;
+            cs.dtype = dtype;
+            cs.out_dtype = out_dtype;
+            cs.gather = gather;
+            cs.beta = beta;
+            cs.alpha = beta != 0 ? 0.5 : 1.0;
+            cs.k = 136;
+            cs.n = 264;
+            cs.tile = tile;
+            check_case(handles, make_inputs(rng, cs));
+          }
+}
+
+TEST_CASE("gemm: skewed counts, one group taking every row, all groups empty, int64 gather indices", "[gemm]") {
+  Handles handles;
+  std::mt19937_64 rng(3);
+  const std::vector<std::vector<int64_t>> count_sets = {
+      {0, 0, 700, 0, 3, 0, 1, 0}, {0, 0, 0, 0, 0, 513}, {0, 0, 0}, {255, 257, 1, 128, 383}};
+  for (const auto& counts : count_sets)
+    for (const char* tile : kTiles) {
+      Case m;
+      m.counts = counts;
+      m.gather = MOEKIT_GEMM_GATHER_A;
+      m.gather_int64 = true;
+      m.tile = tile;
+      m.sources = 97;
+      check_case(handles, make_inputs(rng, m));
+      m.epilogue = MOEKIT_EPILOGUE_DGATED;
+      m.b_layout = MOEKIT_GEMM_B_KN;
+      check_case(handles, make_inputs(rng, m));
+      Case k = m;
+      k.mode = MOEKIT_GEMM_VARLEN_K;
+      k.epilogue = MOEKIT_EPILOGUE_STORE;
+      k.gather = MOEKIT_GEMM_GATHER_B;
+      k.beta = 1.0;
+      k.k = 64;
+      check_case(handles, make_inputs(rng, k));
+    }
+}
+
 TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
   Handles handles;
   std::mt19937_64 rng(4);
