@@ -57,15 +57,17 @@ enum class GemmPath : int32_t {
 
 const char* gemm_path_name(GemmPath path);  // "mma", "wgmma"
 
-// Whether the wgmma kernel takes the problem: varlen M, B [E, n, k], STORE / BIAS / GATED, bf16 / fp16 operands,
-// k a positive multiple of 64, n a multiple of 64, on a device of compute capability 9.0.
-bool wgmma_eligible(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
+// Whether the wgmma kernel can run the problem: varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n]
+// and STORE / BIAS / DGATED, bf16 / fp16 operands, k a positive multiple of 64, the product's width (gemm_shape's
+// n: DGATED's activation width) a multiple of 64, on a device of compute capability 9.0.
+bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
-// wgmma when eligible, else mma_sync.
+// wgmma where it is capable and measured faster (everything but DGATED), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path ("mma", "wgmma"): "mma" always
-// gives mma_sync; "wgmma" gives wgmma where eligible and mma_sync elsewhere (tests run both paths on one build).
+// gives mma_sync; "wgmma" gives wgmma wherever it is capable, DGATED included, and mma_sync elsewhere (tests run
+// both paths on one build).
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path

@@ -76,7 +76,7 @@ struct GroupedGemmProblem {
 
 // Enqueues the grouped GEMM on `stream`: for varlen M first the row-tile list (a one-block kernel reading the
 // offsets), then the tiles (GemmPath::wgmma: the persistent sm_90a kernel, which the plan chose only where
-// wgmma_eligible), then for DGATED the sum of each row's per-tile dots into dscores. No host sync.
+// wgmma_capable), then for DGATED the sum of each row's per-tile dots into dscores. No host sync.
 void run_grouped_gemm(GroupedGemmProblem problem, GemmTile tile, GemmPath path, const GemmWorkspaceLayout& layout,
                       void* workspace, cudaStream_t stream);
 

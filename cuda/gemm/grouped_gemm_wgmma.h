@@ -16,14 +16,16 @@ inline namespace v0 {
 namespace cuda {
 namespace gemm {
 
-// The TMA map of B [E, n, k] (K-major, varlen M): rank 3 (k, n, E), boxes of 64 x `box_rows` x 1 in the 128-byte
-// swizzle, zeros outside the tensor. The driver's encoder is reached through the runtime
+// The TMA map of B for varlen M: B [E, n, k] (NK, K-major) as rank 3 (k, n, E), or B [E, k, n] (KN, MN-major) as
+// (n, k, E); boxes of 64 contiguous elements x `box_rows` rows x 1 expert in the 128-byte swizzle, zeros outside the
+// tensor. The driver's encoder is reached through the runtime
 // (cudaGetDriverEntryPointByVersion), so nothing links libcuda. Throws on a descriptor the driver refuses.
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows);
 
 // Enqueues the persistent wgmma tile kernel over the row-tile list run_grouped_gemm built: min(tiles bound,
-// sm_count) CTAs. One instantiation per translation unit (instantiations/grouped_gemm_wgmma_<dtype>_<tile>.cu).
-template <int32_t Dtype, GemmTile Tile>
+// sm_count) CTAs; BKn: B stored [E, k, n]. One instantiation per translation unit
+// (instantiations/grouped_gemm_wgmma_<nk|kn>_<dtype>_<tile>.cu).
+template <int32_t Dtype, GemmTile Tile, bool BKn>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream);
 
 }  // namespace gemm

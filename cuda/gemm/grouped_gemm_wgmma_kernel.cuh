@@ -1,11 +1,13 @@
-// The grouped GEMM tile kernel of sm_90a for varlen M with B [E, n, k] (both operands K-major), bf16 / fp16 in,
-// fp32 accumulators, epilogues STORE, BIAS and GATED (grouped_gemm.h's semantics, the same epilogue code and
-// rounding points as the mma.sync kernel: gemm_tile_parts.cuh).
+// The grouped GEMM tile kernel of sm_90a for varlen M, bf16 / fp16 in, fp32 accumulators: B [E, n, k] (K-major)
+// with the epilogues STORE, BIAS and GATED, or B [E, k, n] (MN-major, BKn) with STORE, BIAS and DGATED
+// (grouped_gemm.h's semantics, the same epilogue code and rounding points as the mma.sync kernel:
+// gemm_tile_parts.cuh).
 //
 // One persistent CTA per SM walks the tiles (row tile of the device-built tile list x column tile, row-tile
 // major so a wave shares the weight tiles of few experts in L2) with three warpgroups:
-//   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (two
-//     boxes of BN/2 rows: for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..) and A's 128 x 64
+//   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (NK: two
+//     boxes of BN/2 rows, for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..; KN: BN/64 boxes
+//     of 64 reduction rows x 64 columns, each one 8 KiB block of the MN-major layout) and A's 128 x 64
 //     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first stages in shared memory;
 //     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
 //     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread).
@@ -47,7 +49,8 @@ struct WgmmaTileConfig {
   static constexpr int consumer_registers = 232;
   static constexpr int a_stage_bytes = bm * bk * 2;
   static constexpr int b_stage_bytes = bn * bk * 2;
-  static constexpr int b_box_rows = bn / 2;
+  static constexpr int b_box_rows = bn / 2;                 // NK boxes
+  static constexpr int b_kn_block_bytes = bk * 128;         // KN: one box, 64 reduction rows of 64 columns
   static constexpr int chunk_columns = 64;  // staged product columns per epilogue round
   // NOTE: 4 floats of padding keep rows 16-byte aligned for the epilogue's float4 reads while shifting banks.
   static constexpr int staging_pitch = chunk_columns + 4;
@@ -133,7 +136,7 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
   }
 }
 
-template <class T, class Cfg>
+template <class T, class Cfg, bool BKn>
 __global__ void __launch_bounds__(Cfg::threads, 1)
     grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ CUtensorMap b_map) {
 #if MOEKIT_SM90A_ENABLED
@@ -164,6 +167,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const int64_t tiles = static_cast<int64_t>(*p.tile_count) * p.n_tiles;
   const int64_t slices = p.k / BK;
   const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
+  const bool dgated = p.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool split_glu = gated && is_gated_activation(p.activation);
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
@@ -191,9 +195,16 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         const auto k0 = static_cast<int32_t>(s * BK);
         if (wg_tid == 0) {
           const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
+          const auto group = static_cast<int32_t>(t.group);
           mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
-          tma_load_3d(b_slot, &b_map, full, k0, b_first, static_cast<int32_t>(t.group));
-          tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, static_cast<int32_t>(t.group));
+          if constexpr (BKn) {
+#pragma unroll
+            for (int block = 0; block < BN / 64; ++block)
+              tma_load_3d(b_slot + block * Cfg::b_kn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
+          } else {
+            tma_load_3d(b_slot, &b_map, full, k0, b_first, group);
+            tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, group);
+          }
         }
         const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
 #pragma unroll
@@ -227,9 +238,12 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         wgmma_fence_accumulators(acc);
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < BK / 16; ++kk)
-          wgmma_m64k16<BN, T>(acc, wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk),
-                              wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk), s > 0 || kk > 0);
+        for (int kk = 0; kk < BK / 16; ++kk) {
+          // K-major B: a 16-deep step is 32 bytes along each row; MN-major B: 16 rows of 128 bytes.
+          const uint64_t b_desc = BKn ? wgmma_mnmajor_sw128_descriptor(b_tile + 2048 * kk, Cfg::b_kn_block_bytes)
+                                      : wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk);
+          wgmma_m64k16<BN, T, BKn>(acc, wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk), b_desc, s > 0 || kk > 0);
+        }
         wgmma_commit();
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
         // then hand its slot back to the producer.
@@ -246,11 +260,30 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
+      // DGATED: the dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row
+      // sum theirs by a fixed butterfly, then the chunks add in order.
+      float row_dots[64 / 16] = {};
 #pragma unroll
       for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
         named_barrier_sync(2 + consumer, 128);  // the previous chunk's staging reads are done
         stage_chunk<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
         named_barrier_sync(2 + consumer, 128);
+        if (dgated) {
+          // Every lane takes part in the shuffles, rows past the group included.
+#pragma unroll
+          for (int pass = 0; pass < 64 / 16; ++pass) {
+            const int row = wg_tid / 8 + 16 * pass;
+            const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
+            float dot = 0.0f;
+            if (r < t.row_end && j < p.n)
+              dot = epilogue_dgated<T>(p, act, staging + row * Cfg::staging_pitch + 8 * item, r, j,
+                                       p.row_scale[p.pair_idx[r]]);
+#pragma unroll
+            for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+            row_dots[pass] += dot;
+          }
+          continue;
+        }
 #pragma unroll 1
         for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
           const int64_t r = first_row + row;
@@ -269,6 +302,13 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           }
         }
       }
+      if (dgated && item == 0) {
+#pragma unroll
+        for (int pass = 0; pass < 64 / 16; ++pass) {
+          const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+          if (r < t.row_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
+        }
+      }
     }
   }
 #else
@@ -279,14 +319,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
-template <int32_t Dtype, GemmTile Tile>
+template <int32_t Dtype, GemmTile Tile, bool BKn>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
   const int64_t bound = p.m_tiles * p.n_tiles;
   if (bound == 0) return;
   const int64_t blocks = bound < sm_count ? bound : sm_count;
-  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg>;
+  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, BKn>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
   kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);

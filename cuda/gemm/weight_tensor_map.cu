@@ -37,9 +37,11 @@ EncodeTiled encode_tiled() {
 
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
   constexpr cuuint32_t element_bytes = 2;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.n),
+  // NK: (k, n, E), rows of k; KN: (n, k, E), rows of n. The innermost dimension is contiguous.
+  const bool kn = p.b_layout == MOEKIT_GEMM_B_KN;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kn ? p.n : p.k), static_cast<cuuint64_t>(kn ? p.k : p.n),
                               static_cast<cuuint64_t>(p.groups)};
-  // Bytes between consecutive n rows and between experts (the innermost stride is the element).
+  // Bytes between consecutive rows and between experts (the innermost stride is the element).
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.ldb) * element_bytes,
                                  static_cast<cuuint64_t>(p.b_group_stride) * element_bytes};
   const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};

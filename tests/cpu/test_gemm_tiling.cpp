@@ -18,6 +18,7 @@ using moekit::gemm_kernel_config;
 using moekit::gemm_shape;
 using moekit::gemm_tile_shape;
 using moekit::gemm_workspace_layout;
+using moekit::wgmma_capable;
 
 namespace {
 
@@ -107,7 +108,7 @@ TEST_CASE("gemm tiling: the workspace holds every row tile and every DGATED part
   }
 }
 
-TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M NK forward shapes it was written for", "[gemm]") {
+TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was written for", "[gemm]") {
   moekit_gemm_desc_t up = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_GATED, MOEKIT_ACT_SWIGLU, 128, 131072, 2048, 4096);
   up.dtype = MOEKIT_DTYPE_BF16;
   up.b_layout = MOEKIT_GEMM_B_NK;
@@ -126,11 +127,27 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M NK forward shapes
   other.n = 2056;
   CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
   other = up;
-  other.b_layout = MOEKIT_GEMM_B_KN;
+  other.b_layout = MOEKIT_GEMM_B_KN;  // GATED pairs the columns of a K-major B only
   CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
   other = up;
-  other.epilogue = MOEKIT_EPILOGUE_DGATED;
-  CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
+  other.epilogue = MOEKIT_EPILOGUE_DGATED;  // DGATED reads an MN-major B only
+  CHECK(!wgmma_capable(other, 9, 0));
+  moekit_gemm_desc_t dgated = up;  // dA = dout W2, W2 [E, H, I] as [k = H, n = I]; desc n = h's width 2I = 2048
+  dgated.b_layout = MOEKIT_GEMM_B_KN;
+  dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
+  CHECK(wgmma_capable(dgated, 9, 0));
+  CHECK(choose_gemm_path(dgated, 9, 0) == GemmPath::mma_sync);  // capable, but measured slower
+  setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
+  CHECK(choose_gemm_path_or_override(dgated, 9, 0) == GemmPath::wgmma);
+  unsetenv("MOEKIT_GEMM_PATH");
+  dgated.n = 2 * 1000;  // I = 1000: a multiple of 8, not of 64
+  CHECK(!wgmma_capable(dgated, 9, 0));
+  moekit_gemm_desc_t dxe = down;  // dxe = dh W1, W1 [E, 2I, H] as [k = 2I, n = H]
+  dxe.b_layout = MOEKIT_GEMM_B_KN;
+  dxe.epilogue = MOEKIT_EPILOGUE_STORE;
+  CHECK(choose_gemm_path(dxe, 9, 0) == GemmPath::wgmma);
+  dxe.n = 4104;
+  CHECK(choose_gemm_path(dxe, 9, 0) == GemmPath::mma_sync);
   other = up;
   other.dtype = MOEKIT_DTYPE_FP32;
   CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);

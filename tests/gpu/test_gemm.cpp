@@ -428,28 +428,45 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
   CHECK(checked == 16 * 28);
 }
 
-// The shapes the sm_90a wgmma kernel takes (k and n multiples of 64, B [E, n, k], STORE / BIAS / GATED): every
-// epilogue, activation and GLU layout it serves, both dtypes, gathered or not, both tiles, counts of tile +- 1 and
-// empty groups. GATED with a GLU has an activation width of 96, so the gate box of a 256-wide tile reaches into
-// the up rows (computed, never stored). Under MOEKIT_GEMM_PATH=mma the same cases check the mma.sync kernel.
+// The shapes the sm_90a wgmma kernel takes (k and n multiples of 64; B [E, n, k] with STORE / BIAS / GATED, B [E, k, n]
+// with STORE / BIAS / DGATED): every epilogue, activation and GLU layout it serves, both B layouts and dtypes,
+// gathered or not, both tiles, counts of tile +- 1 and empty groups. GATED with a GLU has an activation width of 96,
+// so the gate box of a 256-wide tile reaches into the up rows (computed, never stored). The case forces the wgmma
+// path (MOEKIT_GEMM_PATH=wgmma: DGATED runs on mma.sync by default) unless the caller forced mma, which then
+// checks the mma.sync kernel on the same cases.
 TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes", "[gemm][wgmma]") {
+  const char* forced = std::getenv("MOEKIT_GEMM_PATH");
+  const std::string caller_path = forced != nullptr ? forced : "";
+  if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   Handles handles;
   std::mt19937_64 rng(5);
   int checked = 0;
   for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
-    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
-      for (const char* tile : kTiles)
-        for (Case cs : varlen_m_cases(dtype, MOEKIT_GEMM_B_NK, gather, tile)) {
-          if (cs.epilogue == MOEKIT_EPILOGUE_DGATED) continue;
-          cs.k = 192;
-          cs.n = cs.epilogue != MOEKIT_EPILOGUE_GATED ? 320 : gated_activation(cs.activation) ? 192 : 128;
-          cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
-          const Inputs in = make_inputs(rng, cs);
-          REQUIRE(moekit::wgmma_eligible(in.desc, 9, 0));
-          check_case(handles, in);
-          ++checked;
-        }
-  CHECK(checked == 8 * 16);
+    for (int32_t b_layout : {MOEKIT_GEMM_B_NK, MOEKIT_GEMM_B_KN})
+      for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
+        for (const char* tile : kTiles)
+          for (Case cs : varlen_m_cases(dtype, b_layout, gather, tile)) {
+            // The epilogue the wgmma kernel does not take with this B layout.
+            const int32_t mma_only = b_layout == MOEKIT_GEMM_B_NK ? MOEKIT_EPILOGUE_DGATED : MOEKIT_EPILOGUE_GATED;
+            if (cs.epilogue == mma_only) continue;
+            cs.k = 192;
+            // GATED / DGATED: n is h's width (2I for a GLU); DGATED's product is I = 192 wide, a GATED GLU's a 96.
+            const bool glu = gated_activation(cs.activation);
+            cs.n = cs.epilogue == MOEKIT_EPILOGUE_STORE || cs.epilogue == MOEKIT_EPILOGUE_BIAS ? 320
+                   : cs.epilogue == MOEKIT_EPILOGUE_DGATED                                      ? (glu ? 384 : 192)
+                   : glu                                                                        ? 192
+                                                                                                : 128;
+            cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
+            const Inputs in = make_inputs(rng, cs);
+            REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+            check_case(handles, in);
+            ++checked;
+          }
+  CHECK(checked == 16 * 16);
+  if (forced == nullptr)
+    unsetenv("MOEKIT_GEMM_PATH");
+  else
+    setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
 }
 
 TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
@@ -488,9 +505,17 @@ TEST_CASE("gemm: skewed counts, one group taking every row, all groups empty, in
       m.tile = tile;
       m.sources = 97;
       check_case(handles, make_inputs(rng, m));
+      Case w = m;  // the wgmma kernel's shapes: STORE with B [E, n, k], then DGATED with B [E, k, n]
+      w.k = 192;
+      w.n = 320;
+      check_case(handles, make_inputs(rng, w));
       m.epilogue = MOEKIT_EPILOGUE_DGATED;
       m.b_layout = MOEKIT_GEMM_B_KN;
       check_case(handles, make_inputs(rng, m));
+      w.epilogue = MOEKIT_EPILOGUE_DGATED;
+      w.b_layout = MOEKIT_GEMM_B_KN;
+      w.n = 384;
+      check_case(handles, make_inputs(rng, w));
       Case k = m;
       k.mode = MOEKIT_GEMM_VARLEN_K;
       k.epilogue = MOEKIT_EPILOGUE_STORE;
@@ -525,6 +550,11 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     d.b_layout = MOEKIT_GEMM_B_KN;
     d.glu_layout = MOEKIT_GLU_INTERLEAVED;
     check_case(handles, make_inputs(rng, d));
+    Case wd = d;  // the wgmma kernel's DGATED: I = 128
+    wd.k = 128;
+    wd.n = 256;
+    wd.counts = w.counts;
+    check_case(handles, make_inputs(rng, wd));
     Case k = cs;
     k.mode = MOEKIT_GEMM_VARLEN_K;
     k.epilogue = MOEKIT_EPILOGUE_STORE;
