@@ -46,6 +46,9 @@ moekit_tensor_t DeviceTensor::view() {
 
 void DeviceTensor::upload(const HostTensor& host) {
   throw_on_error(cudaMemcpy(buffer_.data(), host.data(), buffer_.bytes(), cudaMemcpyHostToDevice), "upload");
+  // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the library runs on streams that do not wait
+  // for the legacy one: the copy is finished here, so a tensor is ready for any stream once constructed.
+  throw_on_error(cudaStreamSynchronize(nullptr), "upload");
 }
 
 HostTensor DeviceTensor::download() const {

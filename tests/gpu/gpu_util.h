@@ -43,9 +43,9 @@ class DeviceBuffer {
 class DeviceTensor {
  public:
   DeviceTensor() = default;
-  explicit DeviceTensor(const HostTensor& host);  // uploads the host values
+  explicit DeviceTensor(const HostTensor& host);  // uploads the host values (upload's guarantee)
   moekit_tensor_t view();                          // a view on CUDA device 0
-  void upload(const HostTensor& host);
+  void upload(const HostTensor& host);             // complete on return: any stream may read the tensor
   HostTensor download() const;                     // a new HostTensor holding the device bytes
   void* data() const { return buffer_.data(); }
 

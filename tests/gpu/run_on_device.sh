@@ -23,6 +23,10 @@ fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/device.txt"
 status=0
 summary=()
+# The kernel of every report in sanitizer log $1 (the "at" line under each report's header), its offset dropped.
+report_kernels() {
+  grep -E -A1 '^========= [A-Z]' "$1" | grep -E '^=========     at ' | sed -E 's/^=========     at //; s/\+0x[0-9a-f]+//'
+}
 if [[ $what == tests || $what == all ]]; then
   # The test programs run at once (the GPU has room for all of them; none of them times anything).
   pids=()
@@ -76,10 +80,9 @@ if [[ $what == sanitize || $what == all ]]; then
     # test, which hands the router logits written by cudaMemcpy, is clean under initcheck. So a log counts as
     # clean when its tests pass and every report lies in one of those kernels.
     if ((rc != 0)) && [[ $tool == initcheck ]] && grep -qE '^All tests passed' "$log" &&
-      ! grep -E -A1 '^========= Uninitialized' "$log" | grep -E '^=========     at ' |
-        grep -qvE 'router_forward_kernel|router_backward_kernel|group_energy_topk_kernel'; then
+      ! report_kernels "$log" | grep -qvE 'router_forward_kernel|router_backward_kernel|group_energy_topk_kernel'; then
       summary+=("$tool $(basename "$exe"): reports only on reads of cuBLASLt outputs:")
-      summary+=("$(grep -E -A1 '^========= Uninitialized' "$log" | grep -E '^=========     at ' | sed -E 's/^=========     at (void )?([A-Za-z0-9_:]+).*/    \2/' | sort | uniq -c)")
+      summary+=("$(report_kernels "$log" | sed -E 's/^(void )?([A-Za-z0-9_:]+).*/    \2/' | sort | uniq -c)")
       rc=0
     fi
     summary+=("$tool $(basename "$exe") ($spec): rc=$rc $(grep -E '^(All tests passed|test cases:)|ERROR SUMMARY|RACECHECK SUMMARY' "$log" | tr '\n' ' ')")
@@ -87,7 +90,7 @@ if [[ $what == sanitize || $what == all ]]; then
       status=1
       tail -8 "$log"
       # Where the reports are: the kernel and report kind of each, counted.
-      summary+=("$(grep -E -A1 '^========= [A-Z]' "$log" | grep -E '^=========     at ' | sed -E 's/^=========     at //; s/\+0x[0-9a-f]+//' | cut -c1-220 | sort | uniq -c | sort -rn | head -12)")
+      summary+=("$(report_kernels "$log" | cut -c1-220 | sort | uniq -c | sort -rn | head -12)")
     fi
   done
 fi

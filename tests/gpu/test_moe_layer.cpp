@@ -170,12 +170,9 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.beta_out = c.beta_out;
   void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  // NOTE: the uploads are pageable copies on the legacy stream, which a non-blocking stream does not wait for.
-  if (stream != nullptr) CUDA_REQUIRE(cudaDeviceSynchronize());
   MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
   if (c.inference) {
     REQUIRE(saved_bytes == 0);
-    if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
     at.fetch();
     moekit_plan_destroy(plan);
     return o;
@@ -207,7 +204,6 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     b.compute_weight_grad = 0;
   }
   MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
-  if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;

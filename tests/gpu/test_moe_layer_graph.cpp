@@ -60,8 +60,6 @@ struct DeviceLayer {
     db1 = random({kExperts, 2 * kInter}, 1.0);
     dw2 = random({kExperts, kHidden, kInter}, 1.0);
     db2 = random({kExperts, kHidden}, 1.0);
-    // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layer runs on non-blocking streams.
-    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   ~DeviceLayer() { moekit_plan_destroy(plan); }
 

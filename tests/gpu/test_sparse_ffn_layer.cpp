@@ -204,8 +204,6 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.beta_out = c.beta_out;
   void* saved = inference ? nullptr : at.buffer(saved_bytes);
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  // NOTE: the uploads are pageable copies on the legacy stream, which a non-blocking stream does not wait for.
-  if (stream != nullptr) CUDA_REQUIRE(cudaDeviceSynchronize());
   MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
 
   if (!inference) {
@@ -230,7 +228,6 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     }
     MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
   }
-  if (stream != nullptr) CUDA_REQUIRE(cudaStreamSynchronize(stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;

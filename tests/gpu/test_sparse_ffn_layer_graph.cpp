@@ -60,8 +60,6 @@ struct DeviceLayer {
     dwg = random(bf16, {kFF, kModel}, 1.0);
     dwu = random(bf16, {kFF, kModel}, 1.0);
     dwd = random(bf16, {kModel, kFF}, 1.0);
-    // NOTE: a pageable cudaMemcpy may return before its DMA lands, and the layer runs on non-blocking streams.
-    CUDA_REQUIRE(cudaDeviceSynchronize());
   }
   ~DeviceLayer() { moekit_plan_destroy(plan); }
 

@@ -30,7 +30,7 @@ class Placement {
     device_buffers_.push_back(std::make_unique<DeviceBuffer>(bytes));
     return device_buffers_.back()->data();
   }
-  // Copies every device tensor back into its host tensor.
+  // Waits for the device (every stream's work) and copies every device tensor back into its host tensor.
   void fetch() {
     if (!device_) return;
     CUDA_REQUIRE(cudaDeviceSynchronize());
