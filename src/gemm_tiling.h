@@ -57,12 +57,12 @@ enum class GemmPath : int32_t {
 
 const char* gemm_path_name(GemmPath path);  // "mma", "wgmma"
 
-// Whether the wgmma kernel can run the problem: varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n]
-// and STORE / BIAS / DGATED, bf16 / fp16 operands, k a positive multiple of 64, the product's width (gemm_shape's
-// n: DGATED's activation width) a multiple of 64, on a device of compute capability 9.0.
+// Whether the wgmma kernel can run the problem, on a device of compute capability 9.0 with bf16 / fp16 operands:
+// varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n] and STORE / BIAS / DGATED, k a positive multiple
+// of 64, the product's width (gemm_shape's n: DGATED's activation width) a multiple of 64; or varlen K (STORE).
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
-// wgmma where it is capable and measured faster (everything but DGATED), else mma_sync.
+// wgmma where it is capable and measured faster (varlen M but DGATED), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path ("mma", "wgmma"): "mma" always

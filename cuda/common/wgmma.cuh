@@ -39,7 +39,7 @@ __device__ __forceinline__ uint64_t wgmma_kmajor_sw128_descriptor(uint32_t addre
 // per reduction index, 8-row groups 1024 bytes apart (one swizzle atom: 64 x 8), 16-byte chunk c of row r stored
 // at chunk c ^ (r % 8); successive 64-wide column blocks `block_bytes` apart. `address` is the tile's (or a 16-deep
 // reduction step's: + 2048 bytes per step) shared address, 1024-byte aligned. The wgmma that reads it must say so
-// (the `b_mn_major` of wgmma_m64k16).
+// (the `a_mn_major` / `b_mn_major` of wgmma_m64k16).
 __device__ __forceinline__ uint64_t wgmma_mnmajor_sw128_descriptor(uint32_t address, uint32_t block_bytes) {
   const uint64_t leading_byte_offset = block_bytes >> 4;  // between 64-wide column blocks
   constexpr uint64_t stride_byte_offset = 1024 >> 4;      // between groups of 8 reduction rows
@@ -80,8 +80,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 
 // d (64 x 256 fp32, 128 per thread) += A (64 x 16, descriptor) B (256 x 16, descriptor); TYPE names the operands,
-// TRANS_B is "1" for an MN-major B, else "0".
-#define MOEKIT_WGMMA_M64N256K16(TYPE, TRANS_B)                                                                        \
+// TRANS_A / TRANS_B is "1" for an MN-major operand, else "0".
+#define MOEKIT_WGMMA_M64N256K16(TYPE, TRANS_A, TRANS_B)                                                                        \
   asm volatile(                                                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {"                                    \
@@ -93,7 +93,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
       "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "                                                  \
       "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "                                                  \
       "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"                                                  \
-      "}, %128, %129, p, 1, 1, 0, " TRANS_B ";\n}\n"                                                        \
+      "}, %128, %129, p, 1, 1, " TRANS_A ", " TRANS_B ";\n}\n"                                                        \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                        \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                        \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                        \
@@ -112,8 +112,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
         "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])                         \
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)))
 
-// d (64 x 128 fp32, 64 per thread) += A (64 x 16, descriptor) B (128 x 16, descriptor); TYPE and TRANS_B as above.
-#define MOEKIT_WGMMA_M64N128K16(TYPE, TRANS_B)                                                                        \
+// d (64 x 128 fp32, 64 per thread) += A (64 x 16, descriptor) B (128 x 16, descriptor); the rest as above.
+#define MOEKIT_WGMMA_M64N128K16(TYPE, TRANS_A, TRANS_B)                                                                        \
   asm volatile(                                                                                             \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                                                \
       "wgmma.mma_async.sync.aligned.m64n128k16.f32." TYPE "." TYPE " {"                                    \
@@ -121,7 +121,7 @@ __device__ __forceinline__ void setmaxnreg_inc() {
       "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "                                                  \
       "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "                                                  \
       "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"                                                  \
-      "}, %64, %65, p, 1, 1, 0, " TRANS_B ";\n}\n"                                                        \
+      "}, %64, %65, p, 1, 1, " TRANS_A ", " TRANS_B ";\n}\n"                                                        \
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),                        \
         "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),                        \
         "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),                        \
@@ -132,24 +132,37 @@ __device__ __forceinline__ void setmaxnreg_inc() {
         "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])                         \
       : "l"(desc_a), "l"(desc_b), "r"(static_cast<int>(accumulate)))
 
-// d += A B^T for a 64 x N tile: A [64, 16] K-major and B [N, 16] K-major (or, with b_mn_major, stored as
-// [16, N] with N contiguous), by descriptor; accumulate = false overwrites d. Issued by the whole warpgroup;
-// asynchronous until wgmma_wait.
-template <int N, class T, bool b_mn_major>
+// The four (N, type) forms of one transpose pair, inside wgmma_m64k16.
+#define MOEKIT_WGMMA_SHAPES(TRANS_A, TRANS_B)              \
+  if constexpr (N == 256 && bf16)                          \
+    MOEKIT_WGMMA_M64N256K16("bf16", TRANS_A, TRANS_B);    \
+  else if constexpr (N == 256)                             \
+    MOEKIT_WGMMA_M64N256K16("f16", TRANS_A, TRANS_B);     \
+  else if constexpr (bf16)                                 \
+    MOEKIT_WGMMA_M64N128K16("bf16", TRANS_A, TRANS_B);    \
+  else                                                     \
+    MOEKIT_WGMMA_M64N128K16("f16", TRANS_A, TRANS_B)
+
+// d += A B^T for a 64 x N tile by descriptor: A [64, 16] K-major (or, with a_mn_major, stored as [16, 64] with the
+// 64 contiguous), B [N, 16] K-major (or, with b_mn_major, stored as [16, N] with N contiguous); accumulate = false
+// overwrites d. Issued by the whole warpgroup; asynchronous until wgmma_wait.
+template <int N, class T, bool a_mn_major, bool b_mn_major>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
   static_assert(N == 128 || N == 256, "m64nNk16 is instantiated for N = 128 and 256");
   constexpr bool bf16 = std::is_same<T, __nv_bfloat16>::value;
   static_assert(bf16 || std::is_same<T, __half>::value, "bf16 or fp16 operands");
-  if constexpr (N == 256 && bf16 && b_mn_major) MOEKIT_WGMMA_M64N256K16("bf16", "1");
-  else if constexpr (N == 256 && bf16) MOEKIT_WGMMA_M64N256K16("bf16", "0");
-  else if constexpr (N == 256 && b_mn_major) MOEKIT_WGMMA_M64N256K16("f16", "1");
-  else if constexpr (N == 256) MOEKIT_WGMMA_M64N256K16("f16", "0");
-  else if constexpr (bf16 && b_mn_major) MOEKIT_WGMMA_M64N128K16("bf16", "1");
-  else if constexpr (bf16) MOEKIT_WGMMA_M64N128K16("bf16", "0");
-  else if constexpr (b_mn_major) MOEKIT_WGMMA_M64N128K16("f16", "1");
-  else MOEKIT_WGMMA_M64N128K16("f16", "0");
+  if constexpr (a_mn_major && b_mn_major) {
+    MOEKIT_WGMMA_SHAPES("1", "1");
+  } else if constexpr (a_mn_major) {
+    MOEKIT_WGMMA_SHAPES("1", "0");
+  } else if constexpr (b_mn_major) {
+    MOEKIT_WGMMA_SHAPES("0", "1");
+  } else {
+    MOEKIT_WGMMA_SHAPES("0", "0");
+  }
 }
 
+#undef MOEKIT_WGMMA_SHAPES
 #undef MOEKIT_WGMMA_M64N256K16
 #undef MOEKIT_WGMMA_M64N128K16
 

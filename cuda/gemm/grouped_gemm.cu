@@ -123,34 +123,41 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
                                      : launcher_for_operands<Dtype, GemmTile::m128_n128>(op);
 }
 
-// The sm_90a path: the weight operand's TMA map (built here on the host, per call: B moves between calls) and
-// the persistent kernel, one CTA per SM at most.
+// The sm_90a path: for varlen M the weight operand's TMA map (built here on the host, per call: B moves between
+// calls; varlen K loads both operands by cp.async and passes an unused map) and the persistent kernel, one CTA per
+// SM at most.
 template <int32_t Dtype, GemmTile Tile>
-void launch_wgmma_layout(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream) {
-  if (p.b_layout == MOEKIT_GEMM_B_KN)
-    launch_wgmma_tiles<Dtype, Tile, true>(p, b_map, sm_count, stream);
+void launch_wgmma_operands(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count,
+                           cudaStream_t stream) {
+  if (p.mode == MOEKIT_GEMM_VARLEN_K)
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, b_map, sm_count, stream);
+  else if (p.b_layout == MOEKIT_GEMM_B_KN)
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, b_map, sm_count, stream);
   else
-    launch_wgmma_tiles<Dtype, Tile, false>(p, b_map, sm_count, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, b_map, sm_count, stream);
 }
 
 void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, cudaStream_t stream) {
-  // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
-  const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(gemm_tile_shape(tile).bn / 2);
-  const CUtensorMap b_map = make_weight_tensor_map(p, box_rows);
+  CUtensorMap b_map{};
+  if (p.mode == MOEKIT_GEMM_VARLEN_M) {
+    // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
+    const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(gemm_tile_shape(tile).bn / 2);
+    b_map = make_weight_tensor_map(p, box_rows);
+  }
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
   check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
   if (tile == GemmTile::m128_n256) {
     if (bf16)
-      launch_wgmma_layout<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
     else
-      launch_wgmma_layout<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
   } else {
     if (bf16)
-      launch_wgmma_layout<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
     else
-      launch_wgmma_layout<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
   }
 }
 

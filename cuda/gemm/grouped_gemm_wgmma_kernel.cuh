@@ -1,16 +1,22 @@
-// The grouped GEMM tile kernel of sm_90a for varlen M, bf16 / fp16 in, fp32 accumulators: B [E, n, k] (K-major)
-// with the epilogues STORE, BIAS and GATED, or B [E, k, n] (MN-major, BKn) with STORE, BIAS and DGATED
-// (grouped_gemm.h's semantics, the same epilogue code and rounding points as the mma.sync kernel:
-// gemm_tile_parts.cuh).
+// The grouped GEMM tile kernel of sm_90a, bf16 / fp16 in, fp32 accumulators (grouped_gemm.h's semantics, the same
+// epilogue code and rounding points as the mma.sync kernel: gemm_tile_parts.cuh), for the operand layouts Op:
+//   varlen_m_nk: B [E, n, k] (K-major) with the epilogues STORE, BIAS and GATED;
+//   varlen_m_kn: B [E, k, n] (MN-major) with STORE, BIAS and DGATED;
+//   varlen_k:    C[e] [m, n] = A_e^T B_e over the group's rows, A [rows, m] and B [rows, n] both MN-major in shared
+//                memory, either gathered by row, epilogue STORE (alpha, beta, bf16/fp16/fp32 C).
 //
-// One persistent CTA per SM walks the tiles (row tile of the device-built tile list x column tile, row-tile
-// major so a wave shares the weight tiles of few experts in L2) with three warpgroups:
+// One persistent CTA per SM walks the tiles (varlen M: row tile of the device-built tile list x column tile,
+// row-tile major so a wave shares the weight tiles of few experts in L2; varlen K: group x m tile x n tile, group
+// major) with three warpgroups:
 //   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (NK: two
 //     boxes of BN/2 rows, for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..; KN: BN/64 boxes
 //     of 64 reduction rows x 64 columns, each one 8 KiB block of the MN-major layout) and A's 128 x 64
 //     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first stages in shared memory;
 //     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
-//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread).
+//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread). varlen K: no TMA; per
+//     64-row reduction slice, each producer thread copies half of one reduction row of A (BM columns) and of B
+//     (BN columns) by cp.async into 8 KiB MN-major blocks, from the row's source (gathered or not); rows past the
+//     group's end are zero-filled.
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice the accumulators go
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
@@ -50,7 +56,7 @@ struct WgmmaTileConfig {
   static constexpr int a_stage_bytes = bm * bk * 2;
   static constexpr int b_stage_bytes = bn * bk * 2;
   static constexpr int b_box_rows = bn / 2;                 // NK boxes
-  static constexpr int b_kn_block_bytes = bk * 128;         // KN: one box, 64 reduction rows of 64 columns
+  static constexpr int mn_block_bytes = bk * 128;           // MN-major: 64 reduction rows of 64 columns
   static constexpr int chunk_columns = 64;  // staged product columns per epilogue round
   // NOTE: 4 floats of padding keep rows 16-byte aligned for the epilogue's float4 reads while shifting banks.
   static constexpr int staging_pitch = chunk_columns + 4;
@@ -88,14 +94,33 @@ struct WgmmaTileFor<GemmTile::m128_n128> {
 // The producer's and consumers' shared view of tile `tile` of the persistent walk.
 struct WgmmaTile {
   int64_t group;
-  int64_t row_begin;  // first grouped row (the tile's row 0)
-  int64_t row_end;    // end of the group's rows
+  int64_t row_begin, row_end;  // the group's grouped rows: varlen M the tile's output rows, varlen K its reduction
+  int64_t m0, m_end;           // output rows: varlen M row_begin and row_end; varlen K the m tile's first, and m
   int64_t n_tile;
 };
 
+template <bool varlen_k, int BM>
 __device__ __forceinline__ WgmmaTile wgmma_tile_at(const GroupedGemmProblem& p, int64_t tile) {
-  const int4 info = reinterpret_cast<const int4*>(p.tile_list)[tile / p.n_tiles];
-  return WgmmaTile{info.x, info.y, info.z, tile % p.n_tiles};
+  if constexpr (varlen_k) {
+    // NOTE: 32-bit division: tile counts are far below 2^31, and a 64-bit one costs registers next to the
+    // accumulators.
+    const auto m_tiles = static_cast<int32_t>((p.m + BM - 1) / BM), n_tiles = static_cast<int32_t>(p.n_tiles);
+    const int32_t per_group = m_tiles * n_tiles, index = static_cast<int32_t>(tile);
+    const int32_t group = index / per_group, in_group = index % per_group;
+    const int64_t end = min(max(static_cast<int64_t>(p.offsets[group + 1]), int64_t{0}), p.rows);
+    const int64_t begin = min(max(static_cast<int64_t>(p.offsets[group]), int64_t{0}), end);
+    return WgmmaTile{group, begin, end, static_cast<int64_t>(in_group / n_tiles) * BM, p.m, in_group % n_tiles};
+  } else {
+    const int4 info = reinterpret_cast<const int4*>(p.tile_list)[tile / p.n_tiles];
+    return WgmmaTile{info.x, info.y, info.z, info.y, info.z, tile % p.n_tiles};
+  }
+}
+
+// The number of tiles the persistent walk covers.
+template <bool varlen_k, int BM>
+__device__ __forceinline__ int64_t wgmma_tile_count(const GroupedGemmProblem& p) {
+  if constexpr (varlen_k) return p.groups * ((p.m + BM - 1) / BM) * p.n_tiles;
+  return static_cast<int64_t>(*p.tile_count) * p.n_tiles;
 }
 
 // Copies a consumer's accumulators of epilogue chunk `chunk` into its staging rows [64][pitch]. Plain products
@@ -136,11 +161,66 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
   }
 }
 
-template <class T, class Cfg, bool BKn>
+// varlen K, the producer warpgroup's part of tile t: per 64-row reduction slice, thread i copies half of
+// reduction row i / 2 — A's columns m0 + 64 (i % 2) .. + 63 (one 8 KiB MN-major block) and B's BN / 2 columns of
+// half i % 2 — from the row's source (gathered or not) into the ring slot, in the 128-byte swizzle; rows past the
+// group's end and columns past m / n are zero-filled, nothing read. `it` counts ring uses across tiles.
+template <class T, class Cfg>
+__device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const WgmmaTile& t, int64_t slices,
+                                                     uint32_t smem_a, uint32_t smem_b, uint32_t full_bars,
+                                                     uint32_t empty_bars, int wg_tid, uint32_t& it) {
+  constexpr int BK = Cfg::bk, S = Cfg::stages, BN = Cfg::bn;
+  static_assert(Cfg::bm == 128 && Cfg::threads == 384, "two producer threads per reduction row, A in two blocks");
+  const T* a_base = static_cast<const T*>(p.a);
+  const T* b_base = static_cast<const T*>(p.b);
+  const int row = wg_tid / 2, half = wg_tid % 2;
+  const int64_t n0 = t.n_tile * BN;
+  for (int64_t s = 0; s < slices; ++s, ++it) {
+    const uint32_t slot = it % S, parity = (it / S) & 1;
+    mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+    const uint32_t full = full_bars + 8 * slot;
+    const int64_t r = t.row_begin + s * BK + row;
+    const bool row_ok = r < t.row_end;
+    int64_t a_row = r, b_row = r;
+    if (row_ok && p.gather != MOEKIT_GEMM_GATHER_NONE) {
+      const int64_t source = load_index(p.gather_idx, r, p.gather_int64);
+      if (p.gather == MOEKIT_GEMM_GATHER_A)
+        a_row = source;
+      else
+        b_row = source;
+    }
+    const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + half * Cfg::mn_block_bytes + row * 128;
+    // NOTE: not unrolled: after setmaxnreg the producer has 40 registers, too few for 24 copies' addresses at once.
+#pragma unroll 1
+    for (int c = 0; c < 8; ++c) {
+      const int64_t col = t.m0 + 64 * half + 8 * c;
+      const bool ok = row_ok && col < p.m;
+      cp_async_16(a_line + ((c ^ (row % 8)) * 16), a_base + (ok ? a_row * p.lda + col : 0), ok);
+    }
+#pragma unroll 1
+    for (int i = 0; i < BN / 128; ++i) {
+      const int block = half * (BN / 128) + i;
+      const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + block * Cfg::mn_block_bytes + row * 128;
+#pragma unroll 1
+      for (int c = 0; c < 8; ++c) {
+        const int64_t col = n0 + 64 * block + 8 * c;
+        const bool ok = row_ok && col < p.n;
+        cp_async_16(b_line + ((c ^ (row % 8)) * 16), b_base + (ok ? b_row * p.ldb + col : 0), ok);
+      }
+    }
+    mbarrier_arrive_on_cp_async(full);
+    if (wg_tid == 0) mbarrier_arrive(full);  // the arrival the varlen-M producer makes with its TMA byte count
+  }
+}
+
+template <class T, class Cfg, Operands Op>
 __global__ void __launch_bounds__(Cfg::threads, 1)
     grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ CUtensorMap b_map) {
 #if MOEKIT_SM90A_ENABLED
   constexpr int BM = Cfg::bm, BN = Cfg::bn, BK = Cfg::bk, S = Cfg::stages;
+  constexpr bool varlen_k = Op == Operands::varlen_k;
+  constexpr bool a_mn_major = varlen_k;
+  constexpr bool b_mn_major = Op != Operands::varlen_m_nk;
   extern __shared__ __align__(1024) unsigned char shared[];
   const uint32_t smem = shared_address(shared);
   const uint32_t smem_a = smem + Cfg::a_offset;
@@ -160,12 +240,15 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       mbarrier_init(empty_bars + 8 * s, 128 * Cfg::consumer_warpgroups);
     }
     mbarrier_init_fence();
-    tma_prefetch_descriptor(&b_map);
+    if constexpr (!varlen_k) tma_prefetch_descriptor(&b_map);
   }
   __syncthreads();
 
-  const int64_t tiles = static_cast<int64_t>(*p.tile_count) * p.n_tiles;
-  const int64_t slices = p.k / BK;
+  const int64_t tiles = wgmma_tile_count<varlen_k, BM>(p);
+  // Reduction slices of a tile: varlen M the whole k; varlen K the group's rows (none for an empty group).
+  auto slices_of = [&](const WgmmaTile& t) -> int64_t {
+    return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
+  };
   const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
   const bool dgated = p.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool split_glu = gated && is_gated_activation(p.activation);
@@ -180,7 +263,12 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
     uint32_t it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const WgmmaTile t = wgmma_tile_at(p, tile);
+      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile);
+      const int64_t slices = slices_of(t);
+      if constexpr (varlen_k) {
+        load_varlen_k_slices<T, Cfg>(p, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
+        continue;
+      }
       named_barrier_sync(1, 128);  // every producer thread is done reading the previous tile's rows
       const int64_t r = t.row_begin + wg_tid;
       tile_rows[wg_tid] =
@@ -197,10 +285,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
           const auto group = static_cast<int32_t>(t.group);
           mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
-          if constexpr (BKn) {
+          if constexpr (b_mn_major) {
 #pragma unroll
             for (int block = 0; block < BN / 64; ++block)
-              tma_load_3d(b_slot + block * Cfg::b_kn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
+              tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
           } else {
             tma_load_3d(b_slot, &b_map, full, k0, b_first, group);
             tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, group);
@@ -227,22 +315,32 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     float acc[BN / 2];
     uint32_t it = 0;
     for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const WgmmaTile t = wgmma_tile_at(p, tile);
+      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile);
+      const int64_t slices = slices_of(t);
+      if (slices == 0) {
+        // varlen K over an empty group: the product is 0 and C becomes beta C.
+#pragma unroll
+        for (int i = 0; i < BN / 2; ++i) acc[i] = 0.0f;
+      }
       for (int64_t s = 0; s < slices; ++s, ++it) {
         const uint32_t slot = it % S, parity = (it / S) & 1;
         mbarrier_wait(full_bars + 8 * slot, parity);
         // NOTE: A arrived by cp.async (generic proxy); wgmma reads shared memory through the async proxy.
         fence_proxy_async_shared();
-        const uint32_t a_tile = smem_a + slot * Cfg::a_stage_bytes + consumer * 64 * 128;
+        // K-major A: this consumer's 64 rows of 128 bytes; MN-major A (varlen K): its 8 KiB block of 64 columns.
+        const uint32_t a_tile =
+            smem_a + slot * Cfg::a_stage_bytes + consumer * (a_mn_major ? Cfg::mn_block_bytes : 64 * 128);
         const uint32_t b_tile = smem_b + slot * Cfg::b_stage_bytes;
         wgmma_fence_accumulators(acc);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
-          // K-major B: a 16-deep step is 32 bytes along each row; MN-major B: 16 rows of 128 bytes.
-          const uint64_t b_desc = BKn ? wgmma_mnmajor_sw128_descriptor(b_tile + 2048 * kk, Cfg::b_kn_block_bytes)
-                                      : wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk);
-          wgmma_m64k16<BN, T, BKn>(acc, wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk), b_desc, s > 0 || kk > 0);
+          // K-major: a 16-deep step is 32 bytes along each row; MN-major: 16 rows of 128 bytes.
+          const uint64_t a_desc = a_mn_major ? wgmma_mnmajor_sw128_descriptor(a_tile + 2048 * kk, Cfg::mn_block_bytes)
+                                             : wgmma_kmajor_sw128_descriptor(a_tile + 32 * kk);
+          const uint64_t b_desc = b_mn_major ? wgmma_mnmajor_sw128_descriptor(b_tile + 2048 * kk, Cfg::mn_block_bytes)
+                                             : wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk);
+          wgmma_m64k16<BN, T, a_mn_major, b_mn_major>(acc, a_desc, b_desc, s > 0 || kk > 0);
         }
         wgmma_commit();
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
@@ -252,11 +350,11 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       }
       wgmma_wait<0>();
       wgmma_fence_accumulators(acc);
-      mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
+      if (slices > 0) mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
 
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
-      const int64_t first_row = t.row_begin + 64 * consumer;
+      const int64_t first_row = t.m0 + 64 * consumer;
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
@@ -275,7 +373,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
             const int row = wg_tid / 8 + 16 * pass;
             const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
             float dot = 0.0f;
-            if (r < t.row_end && j < p.n)
+            if (r < t.m_end && j < p.n)
               dot = epilogue_dgated<T>(p, act, staging + row * Cfg::staging_pitch + 8 * item, r, j,
                                        p.row_scale[p.pair_idx[r]]);
 #pragma unroll
@@ -287,7 +385,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 #pragma unroll 1
         for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
           const int64_t r = first_row + row;
-          if (r >= t.row_end) break;
+          if (r >= t.m_end) break;
           const float* line = staging + row * Cfg::staging_pitch;
           if (split_glu) {
             const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
@@ -295,10 +393,12 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           } else {
             const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
             if (col >= p.n) continue;
+            // varlen K: r is C's row m of group t.group.
+            const int64_t c_offset = varlen_k ? t.group * p.c_group_stride + r * p.ldc + col : r * p.ldc + col;
             if (gated)
               epilogue_gated_plain<T>(p, act, line + 8 * item, t.group, r, col);
             else
-              epilogue_store<T>(p, line + 8 * item, t.group, r * p.ldc + col, col);
+              epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
           }
         }
       }
@@ -306,7 +406,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 #pragma unroll
         for (int pass = 0; pass < 64 / 16; ++pass) {
           const int64_t r = first_row + wg_tid / 8 + 16 * pass;
-          if (r < t.row_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
+          if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
         }
       }
     }
@@ -319,14 +419,15 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
-template <int32_t Dtype, GemmTile Tile, bool BKn>
+template <int32_t Dtype, GemmTile Tile, Operands Op>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
-  const int64_t bound = p.m_tiles * p.n_tiles;
+  const int64_t bound = Op == Operands::varlen_k ? p.groups * ((p.m + Cfg::bm - 1) / Cfg::bm) * p.n_tiles
+                                                 : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
   const int64_t blocks = bound < sm_count ? bound : sm_count;
-  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, BKn>;
+  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
   kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);

@@ -409,6 +409,29 @@ std::vector<Case> varlen_m_cases(moekit_dtype_t dtype, int32_t b_layout, int32_t
   return cases;
 }
 
+// Every gather, output dtype, beta, dtype and tile of varlen K, at m = 136 (desc.k) and n = 264.
+std::vector<Case> varlen_k_cases() {
+  std::vector<Case> cases;
+  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
+    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B})
+      for (moekit_dtype_t out_dtype : {dtype, MOEKIT_DTYPE_FP32})
+        for (double beta : {0.0, 1.0})
+          for (const char* tile : kTiles) {
+            Case cs;
+            cs.mode = MOEKIT_GEMM_VARLEN_K;
+            cs.dtype = dtype;
+            cs.out_dtype = out_dtype;
+            cs.gather = gather;
+            cs.beta = beta;
+            cs.alpha = beta != 0 ? 0.5 : 1.0;
+            cs.k = 136;
+            cs.n = 264;
+            cs.tile = tile;
+            cases.push_back(cs);
+          }
+  return cases;
+}
+
 void finish_uploads() { CUDA_REQUIRE(cudaDeviceSynchronize()); }
 
 }  // namespace
@@ -428,13 +451,13 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
   CHECK(checked == 16 * 28);
 }
 
-// The shapes the sm_90a wgmma kernel takes (k and n multiples of 64; B [E, n, k] with STORE / BIAS / GATED, B [E, k, n]
-// with STORE / BIAS / DGATED): every epilogue, activation and GLU layout it serves, both B layouts and dtypes,
-// gathered or not, both tiles, counts of tile +- 1 and empty groups. GATED with a GLU has an activation width of 96,
-// so the gate box of a 256-wide tile reaches into the up rows (computed, never stored). The case forces the wgmma
-// path (MOEKIT_GEMM_PATH=wgmma: DGATED runs on mma.sync by default) unless the caller forced mma, which then
-// checks the mma.sync kernel on the same cases.
-TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes", "[gemm][wgmma]") {
+// The shapes the sm_90a wgmma kernel takes. varlen M (k and n multiples of 64; B [E, n, k] with STORE / BIAS /
+// GATED, B [E, k, n] with STORE / BIAS / DGATED): every epilogue, activation and GLU layout it serves, both B
+// layouts and dtypes, gathered or not, both tiles, counts of tile +- 1 and empty groups; GATED with a GLU has an
+// activation width of 96, so the gate box of a 256-wide tile reaches into the up rows (computed, never stored).
+// varlen K: below. The case forces the wgmma path (MOEKIT_GEMM_PATH=wgmma: DGATED and varlen K run on mma.sync by
+// default) unless the caller forced mma, which then checks the mma.sync kernel on the same cases.
+TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   const std::string caller_path = forced != nullptr ? forced : "";
   if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
@@ -463,6 +486,18 @@ TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes"
             ++checked;
           }
   CHECK(checked == 16 * 16);
+  // varlen K: every gather, output dtype and beta, both dtypes and tiles; m and n multiples of 8 only (the copies
+  // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups.
+  for (Case cs : varlen_k_cases()) {
+    if (cs.gather != MOEKIT_GEMM_GATHER_B) {
+      cs.k = 192;
+      cs.n = 320;
+    }
+    cs.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
+    const Inputs in = make_inputs(rng, cs);
+    REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+    check_case(handles, in);
+  }
   if (forced == nullptr)
     unsetenv("MOEKIT_GEMM_PATH");
   else
@@ -472,23 +507,7 @@ TEST_CASE("gemm: varlen M at the wgmma kernel's shapes, every epilogue it takes"
 TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
   Handles handles;
   std::mt19937_64 rng(2);
-  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
-    for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B})
-      for (moekit_dtype_t out_dtype : {dtype, MOEKIT_DTYPE_FP32})
-        for (double beta : {0.0, 1.0})
-          for (const char* tile : kTiles) {
-            Case cs;
-            cs.mode = MOEKIT_GEMM_VARLEN_K;
-            cs.dtype = dtype;
-            cs.out_dtype = out_dtype;
-            cs.gather = gather;
-            cs.beta = beta;
-            cs.alpha = beta != 0 ? 0.5 : 1.0;
-            cs.k = 136;
-            cs.n = 264;
-            cs.tile = tile;
-            check_case(handles, make_inputs(rng, cs));
-          }
+  for (const Case& cs : varlen_k_cases()) check_case(handles, make_inputs(rng, cs));
 }
 
 TEST_CASE("gemm: skewed counts, one group taking every row, all groups empty, int64 gather indices", "[gemm]") {

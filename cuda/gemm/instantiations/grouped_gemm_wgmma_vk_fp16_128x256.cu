@@ -1,0 +1,7 @@
+// The sm_90a grouped GEMM tile kernel (wgmma) for varlen K (weight gradients), fp16 operands, 128x256 tiles (one
+// instantiation per translation unit).
+#include "cuda/gemm/grouped_gemm_wgmma_kernel.cuh"
+
+template void moekit::cuda::gemm::launch_wgmma_tiles<MOEKIT_DTYPE_FP16, moekit::GemmTile::m128_n256,
+                                                     moekit::cuda::gemm::Operands::varlen_k>(
+    const moekit::cuda::gemm::GroupedGemmProblem&, const CUtensorMap&, int, cudaStream_t);
