@@ -63,7 +63,9 @@ GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count) {
   return choose_gemm_tile(shape, sm_count);
 }
 
-const char* gemm_path_name(GemmPath path) { return path == GemmPath::wgmma ? "wgmma" : "mma"; }
+const char* gemm_path_name(GemmPath path) {
+  return path == GemmPath::wgmma ? "wgmma" : path == GemmPath::wgmma_pair ? "wgmma_pair" : "mma";
+}
 
 bool wgmma_capable(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
   const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
@@ -88,9 +90,12 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_mino
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::mma_sync)) == 0) return GemmPath::mma_sync;
-  if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::wgmma)) == 0 &&
-      wgmma_capable(d, cc_major, cc_minor))
-    return GemmPath::wgmma;
+  if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::wgmma_pair)) == 0 &&
+      d.mode == MOEKIT_GEMM_VARLEN_M && wgmma_capable(d, cc_major, cc_minor))
+    return GemmPath::wgmma_pair;
+  const bool forced_wgmma = forced != nullptr && (std::strcmp(forced, gemm_path_name(GemmPath::wgmma)) == 0 ||
+                                                  std::strcmp(forced, gemm_path_name(GemmPath::wgmma_pair)) == 0);
+  if (forced_wgmma && wgmma_capable(d, cc_major, cc_minor)) return GemmPath::wgmma;
   return choose_gemm_path(d, cc_major, cc_minor);
 }
 
@@ -100,15 +105,18 @@ int32_t gemm_kernel_config(GemmTile tile, GemmPath path) {
 GemmTile gemm_config_tile(int32_t kernel_config) { return static_cast<GemmTile>(kernel_config & 0xff); }
 GemmPath gemm_config_path(int32_t kernel_config) { return static_cast<GemmPath>((kernel_config >> 8) & 0xff); }
 
-GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, GemmTile tile) {
+GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, GemmTile tile, GemmPath path) {
   const GemmShape s = gemm_shape(d);
   const GemmTileShape t = gemm_tile_shape(tile);
   GemmWorkspaceLayout layout{};
   layout.n_tiles = ceil_div(s.n, t.bn);
   size_t offset = 0;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    // Each non-empty group adds at most one partial tile to ceil(rows / bm); at most min(E, rows) are non-empty.
-    layout.m_tiles = (d.max_rows + std::min(d.groups, d.max_rows) * (t.bm - 1)) / t.bm;
+    // Each non-empty group adds at most one partial tile to ceil(rows / bm), and with pairs one empty pad tile; at
+    // most min(E, rows) groups are non-empty.
+    const int64_t non_empty = std::min(d.groups, d.max_rows);
+    layout.pair_tiles = path == GemmPath::wgmma_pair;
+    layout.m_tiles = (d.max_rows + non_empty * (t.bm - 1)) / t.bm + (layout.pair_tiles ? non_empty : 0);
     layout.tile_count = offset;
     offset += align256(sizeof(int32_t));
     layout.tile_starts = offset;

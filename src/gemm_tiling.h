@@ -53,9 +53,10 @@ GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count);
 enum class GemmPath : int32_t {
   mma_sync = 0,
   wgmma = 1,
+  wgmma_pair = 2,  // the wgmma kernel in clusters of 2 CTAs sharing each B tile by TMA multicast (varlen M)
 };
 
-const char* gemm_path_name(GemmPath path);  // "mma", "wgmma"
+const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 
 // Whether the wgmma kernel can run the problem, on a device of compute capability 9.0 with bf16 / fp16 operands:
 // varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n] and STORE / BIAS / DGATED, k a positive multiple
@@ -65,9 +66,9 @@ bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 // wgmma where it is capable and measured faster (varlen M but DGATED), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
-// choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path ("mma", "wgmma"): "mma" always
-// gives mma_sync; "wgmma" gives wgmma wherever it is capable, DGATED included, and mma_sync elsewhere (tests run
-// both paths on one build).
+// choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;
+// "wgmma" gives wgmma wherever it is capable, DGATED included, and mma_sync elsewhere; "wgmma_pair" gives
+// wgmma_pair for the varlen-M problems wgmma is capable of, else as "wgmma" (tests run every path on one build).
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path
@@ -85,9 +86,11 @@ struct GemmWorkspaceLayout {
   size_t tile_list;     // int4 [m_tiles]: (group, first row, end row, 0) of every row tile (varlen M)
   size_t ds_partials;   // fp32 [max_rows, n_tiles]: DGATED's per-tile row dots dA . a
   size_t bytes;
+  bool pair_tiles;      // wgmma_pair: each group's row tiles padded to an even count (m_tiles counts the pads)
 };
 
-GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& desc, GemmTile tile);
+GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& desc, GemmTile tile,
+                                          GemmPath path = GemmPath::mma_sync);
 
 }  // namespace v0
 }  // namespace moekit

@@ -36,6 +36,35 @@ __device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
+// `count` arrivals on the barrier at the same shared offset in CTA `rank` of this cluster (this CTA included),
+// ordered after this thread's earlier shared-memory reads (release at cluster scope).
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t rank, uint32_t count) {
+  asm volatile(
+      "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote], %2;\n}\n" ::"r"(bar),
+      "r"(rank), "r"(count)
+      : "memory");
+}
+
+// The number of CTAs in this CTA's cluster (1 for a launch without clusters).
+__device__ __forceinline__ uint32_t cluster_num_ctas() {
+  uint32_t count;
+  asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(count));
+  return count;
+}
+
+// This CTA's rank in its cluster.
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster arrives and waits (release / acquire at cluster scope).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // Blocks until the phase of parity `parity` has completed (a fresh barrier counts parity 1 as completed).
 __device__ __forceinline__ void mbarrier_wait(uint32_t bar, uint32_t parity) {
   uint32_t done = 0;

@@ -28,10 +28,12 @@ __device__ __forceinline__ void group_rows(const int32_t* offsets, int64_t e, in
   lo = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), hi);
 }
 
-// One block: tile_starts[e] = sum over groups before e of ceil(rows_e / bm) (a block scan over chunks of 1024
-// groups), then one (group, first row, end row) entry per row tile, in group order.
+// One block: tile_starts[e] = sum over groups before e of ceil(rows_e / bm) (rounded up to even with
+// `pad_pairs`: a group's last pair may end with an empty tile, first row >= end row), a block scan over chunks of
+// 1024 groups; then one (group, first row, end row) entry per row tile, in group order.
 __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int32_t* offsets, int64_t groups,
-                                                                       int64_t rows, int64_t bm, int64_t max_tiles,
+                                                                       int64_t rows, int64_t bm, bool pad_pairs,
+                                                                       int64_t max_tiles,
                                                                        int32_t* tile_count, int32_t* tile_starts,
                                                                        int4* tile_list) {
   __shared__ int32_t warp_totals[kListThreads / kLanes];
@@ -46,6 +48,7 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
       int64_t lo, hi;
       group_rows(offsets, e, rows, lo, hi);
       tiles = static_cast<int32_t>((hi - lo + bm - 1) / bm);
+      if (pad_pairs) tiles += tiles % 2;
     }
     int32_t inclusive = tiles;
 #pragma unroll
@@ -127,17 +130,17 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
 // calls; varlen K loads both operands by cp.async and passes an unused map) and the persistent kernel, one CTA per
 // SM at most.
 template <int32_t Dtype, GemmTile Tile>
-void launch_wgmma_operands(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count,
+void launch_wgmma_operands(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
                            cudaStream_t stream) {
   if (p.mode == MOEKIT_GEMM_VARLEN_K)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, b_map, sm_count, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, b_map, sm_count, false, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, b_map, sm_count, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, b_map, sm_count, paired, stream);
   else
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, b_map, sm_count, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, b_map, sm_count, paired, stream);
 }
 
-void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, cudaStream_t stream) {
+void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaStream_t stream) {
   CUtensorMap b_map{};
   if (p.mode == MOEKIT_GEMM_VARLEN_M) {
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
@@ -150,14 +153,14 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, cudaStream_t strea
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
   if (tile == GemmTile::m128_n256) {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, paired, stream);
   } else {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, paired, stream);
   }
 }
 
@@ -175,12 +178,12 @@ void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const 
     p.tile_list = reinterpret_cast<int32_t*>(base + layout.tile_list);
     if (p.epilogue == MOEKIT_EPILOGUE_DGATED) p.ds_partials = reinterpret_cast<float*>(base + layout.ds_partials);
     build_row_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.offsets, p.groups, p.rows, gemm_tile_shape(tile).bm,
-                                                           p.m_tiles, p.tile_count, p.tile_starts,
-                                                           reinterpret_cast<int4*>(p.tile_list));
+                                                           layout.pair_tiles, p.m_tiles, p.tile_count,
+                                                           p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
     check_launch("grouped GEMM: row tile list");
   }
-  if (path == GemmPath::wgmma) {
-    launch_wgmma(p, tile, stream);
+  if (path == GemmPath::wgmma || path == GemmPath::wgmma_pair) {
+    launch_wgmma(p, tile, path == GemmPath::wgmma_pair, stream);
   } else {
     const Operands op = !varlen_m                        ? Operands::varlen_k
                         : p.b_layout == MOEKIT_GEMM_B_NK ? Operands::varlen_m_nk

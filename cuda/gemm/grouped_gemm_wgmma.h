@@ -23,10 +23,12 @@ namespace gemm {
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows);
 
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
-// group x m tile x n tile; min(tiles bound, sm_count) CTAs. b_map is unused for varlen K. One instantiation per
+// group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to
+// pairs) clusters of 2 CTAs sharing the B tile by multicast. b_map is unused for varlen K. One instantiation per
 // translation unit (instantiations/grouped_gemm_wgmma_<nk|kn|vk>_<dtype>_<tile>.cu).
 template <int32_t Dtype, GemmTile Tile, Operands Op>
-void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream);
+void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
+                        cudaStream_t stream);
 
 }  // namespace gemm
 }  // namespace cuda

@@ -230,6 +230,13 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128, wg_tid = tid % 128;
+  // Paired CTAs (varlen M launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take
+  // consecutive row tiles of one group (the tile list is padded to an even count per group) at the same column
+  // tile, so each loads half of the B tile and multicasts it to both; a ring slot is reused only when the
+  // consumers of both CTAs have released it.
+  const uint32_t cluster_size = varlen_k ? 1 : cluster_num_ctas();
+  const bool paired = cluster_size == 2;
+  const uint32_t rank = paired ? cluster_cta_rank() : 0;
 
   if (tid == 0) {
     // NOTE: the swizzle is a function of the address bits, so the tiles must sit 1024-byte aligned.
@@ -237,14 +244,27 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbarrier_init(full_bars + 8 * s, 128 + 1);
-      mbarrier_init(empty_bars + 8 * s, 128 * Cfg::consumer_warpgroups);
+      // Unpaired: every consumer thread arrives; paired: one arrival per consumer warp of either CTA.
+      mbarrier_init(empty_bars + 8 * s, paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * Cfg::consumer_warpgroups);
     }
     mbarrier_init_fence();
     if constexpr (!varlen_k) tma_prefetch_descriptor(&b_map);
   }
-  __syncthreads();
+  // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
+  if (paired)
+    cluster_sync();
+  else
+    __syncthreads();
 
+  // The walk: unit u is tile u, or (paired) the row tile pair u / n_tiles at column tile u % n_tiles, of which this
+  // CTA takes row tile 2 (u / n_tiles) + rank. Both CTAs of a cluster walk the same units.
   const int64_t tiles = wgmma_tile_count<varlen_k, BM>(p);
+  const int64_t units = paired ? tiles / 2 : tiles;
+  const int64_t first_unit = paired ? blockIdx.x / 2 : blockIdx.x;
+  const int64_t unit_step = paired ? gridDim.x / 2 : gridDim.x;
+  auto tile_of_unit = [&](int64_t u) -> int64_t {
+    return paired ? (2 * (u / p.n_tiles) + rank) * p.n_tiles + u % p.n_tiles : u;
+  };
   // Reduction slices of a tile: varlen M the whole k; varlen K the group's rows (none for an empty group).
   auto slices_of = [&](const WgmmaTile& t) -> int64_t {
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
@@ -262,8 +282,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A;
     const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
     uint32_t it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile);
+    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
         load_varlen_k_slices<T, Cfg>(p, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
@@ -284,8 +304,21 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         if (wg_tid == 0) {
           const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
           const auto group = static_cast<int32_t>(t.group);
-          mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
-          if constexpr (b_mn_major) {
+          mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);  // paired: half from this CTA, half from the peer
+          if (paired) {
+            // This CTA's half of the B tile, to the same offsets of both CTAs.
+            if constexpr (b_mn_major) {
+#pragma unroll
+              for (int i = 0; i < BN / 128; ++i) {
+                const int block = static_cast<int>(rank) * (BN / 128) + i;
+                tma_load_3d_multicast(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0,
+                                      group, 0x3);
+              }
+            } else {
+              tma_load_3d_multicast(b_slot + rank * (Cfg::b_stage_bytes / 2), &b_map, full, k0,
+                                    rank == 0 ? b_first : b_second, group, 0x3);
+            }
+          } else if constexpr (b_mn_major) {
 #pragma unroll
             for (int block = 0; block < BN / 64; ++block)
               tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
@@ -314,8 +347,22 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const DeviceActivation act{p.activation, p.glu_limit};
     float acc[BN / 2];
     uint32_t it = 0;
-    for (int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
-      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile);
+    // Hands ring slot `slot` back to the producers: unpaired every thread arrives on this CTA's barrier; paired,
+    // once the warp is done, its lane 0 arrives on the barrier of both CTAs (either producer may overwrite it).
+    const auto release = [&](uint32_t slot) {
+      const uint32_t bar = empty_bars + 8 * slot;
+      if (!paired) {
+        mbarrier_arrive(bar);
+        return;
+      }
+      __syncwarp();
+      if (wg_tid % 32 == 0) {
+        mbarrier_arrive_cluster(bar, 0, 1);
+        mbarrier_arrive_cluster(bar, 1, 1);
+      }
+    };
+    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if (slices == 0) {
         // varlen K over an empty group: the product is 0 and C becomes beta C.
@@ -346,11 +393,11 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
         // then hand its slot back to the producer.
         wgmma_wait<1>();
-        if (s > 0) mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
+        if (s > 0) release((it - 1) % S);
       }
       wgmma_wait<0>();
       wgmma_fence_accumulators(acc);
-      if (slices > 0) mbarrier_arrive(empty_bars + 8 * ((it - 1) % S));
+      if (slices > 0) release((it - 1) % S);
 
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
@@ -411,6 +458,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       }
     }
   }
+  // Paired: neither CTA leaves while its peer may still multicast into it or arrive on its barriers.
+  if (paired) cluster_sync();
 #else
   // NOTE: built for another architecture: choose_gemm_path never sends a launch here.
   __trap();
@@ -420,18 +469,42 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
 template <int32_t Dtype, GemmTile Tile, Operands Op>
-void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, cudaStream_t stream) {
+void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
+                        cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
   const int64_t bound = Op == Operands::varlen_k ? p.groups * ((p.m + Cfg::bm - 1) / Cfg::bm) * p.n_tiles
                                                  : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
-  const int64_t blocks = bound < sm_count ? bound : sm_count;
   auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
-  kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);
-  check_launch("grouped GEMM (wgmma): tile kernel");
+  if (!paired || Op == Operands::varlen_k) {
+    const int64_t blocks = bound < sm_count ? bound : sm_count;
+    kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);
+    check_launch("grouped GEMM (wgmma): tile kernel");
+    return;
+  }
+  // Clusters of 2 along the row tiles: as many as can be resident at once (a GPC's SMs pair up), at most one
+  // per pair of row tiles and column tile.
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.blockDim = dim3(Cfg::threads);
+  config.dynamicSmemBytes = Cfg::shared_bytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  config.gridDim = dim3(static_cast<unsigned>(sm_count / 2 * 2));
+  int resident = 0;
+  check_cuda(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), "grouped GEMM (wgmma): cluster occupancy");
+  const int64_t units = (p.m_tiles + 1) / 2 * p.n_tiles;
+  const int64_t clusters = units < resident ? units : (resident > 0 ? resident : 1);
+  config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p, b_map), "grouped GEMM (wgmma): paired tile kernel");
 }
 
 }  // namespace gemm

@@ -85,7 +85,7 @@ void plan_grouped_gemm(moekit_plan& plan, int device_index) {
   const GemmTile tile = choose_gemm_tile_or_override(shape, sm_count);
   const GemmPath path = choose_gemm_path_or_override(d, cc_major, cc_minor);
   plan.kernel_config = gemm_kernel_config(tile, path);
-  plan.workspace_bytes = gemm_workspace_layout(d, tile).bytes;
+  plan.workspace_bytes = gemm_workspace_layout(d, tile, path).bytes;
   log_gemm_config(d, path, tile);
 }
 
@@ -151,7 +151,8 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
     p.ld_act = stride_of(args.act, 0);
   }
   const GemmTile tile = gemm_config_tile(plan.kernel_config);
-  gemm::run_grouped_gemm(p, tile, gemm_config_path(plan.kernel_config), gemm_workspace_layout(d, tile),
+  const GemmPath path = gemm_config_path(plan.kernel_config);
+  gemm::run_grouped_gemm(p, tile, path, gemm_workspace_layout(d, tile, path),
                          workspace.data, as_stream(stream));
 }
 

@@ -3,6 +3,7 @@
 // mma.sync / wgmma path choice with its MOEKIT_GEMM_PATH override.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "gemm_tiling.h"
@@ -160,7 +161,20 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::wgmma);
   CHECK(choose_gemm_path_or_override(other, 9, 0) == GemmPath::mma_sync);
+  setenv("MOEKIT_GEMM_PATH", "wgmma_pair", 1);
+  CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::wgmma_pair);
+  CHECK(choose_gemm_path_or_override(wgrad, 9, 0) == GemmPath::wgmma);  // varlen K has no pairs
+  CHECK(choose_gemm_path_or_override(other, 9, 0) == GemmPath::mma_sync);
   unsetenv("MOEKIT_GEMM_PATH");
+
+  // wgmma_pair pads each group's row tiles to an even count: one more tile per possibly non-empty group.
+  const moekit::GemmWorkspaceLayout single = moekit::gemm_workspace_layout(up, GemmTile::m128_n256, GemmPath::wgmma);
+  const moekit::GemmWorkspaceLayout paired =
+      moekit::gemm_workspace_layout(up, GemmTile::m128_n256, GemmPath::wgmma_pair);
+  CHECK(!single.pair_tiles);
+  CHECK(paired.pair_tiles);
+  CHECK(paired.m_tiles == single.m_tiles + std::min(up.groups, up.max_rows));
+  CHECK(paired.bytes >= single.bytes);
 
   for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128})
     for (GemmPath path : {GemmPath::mma_sync, GemmPath::wgmma}) {

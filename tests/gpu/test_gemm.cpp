@@ -460,32 +460,37 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
 TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   const std::string caller_path = forced != nullptr ? forced : "";
-  if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   Handles handles;
   std::mt19937_64 rng(5);
   int checked = 0;
-  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
-    for (int32_t b_layout : {MOEKIT_GEMM_B_NK, MOEKIT_GEMM_B_KN})
-      for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
-        for (const char* tile : kTiles)
-          for (Case cs : varlen_m_cases(dtype, b_layout, gather, tile)) {
-            // The epilogue the wgmma kernel does not take with this B layout.
-            const int32_t mma_only = b_layout == MOEKIT_GEMM_B_NK ? MOEKIT_EPILOGUE_DGATED : MOEKIT_EPILOGUE_GATED;
-            if (cs.epilogue == mma_only) continue;
-            cs.k = 192;
-            // GATED / DGATED: n is h's width (2I for a GLU); DGATED's product is I = 192 wide, a GATED GLU's a 96.
-            const bool glu = gated_activation(cs.activation);
-            cs.n = cs.epilogue == MOEKIT_EPILOGUE_STORE || cs.epilogue == MOEKIT_EPILOGUE_BIAS ? 320
-                   : cs.epilogue == MOEKIT_EPILOGUE_DGATED                                      ? (glu ? 384 : 192)
-                   : glu                                                                        ? 192
-                                                                                                : 128;
-            cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
-            const Inputs in = make_inputs(rng, cs);
-            REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
-            check_case(handles, in);
-            ++checked;
-          }
-  CHECK(checked == 16 * 16);
+  // varlen M on the wgmma kernel alone and in clusters of 2 sharing B (wgmma_pair: padded tile pairs, one CTA of a
+  // pair often past its group's rows).
+  for (const char* path : {"wgmma", "wgmma_pair"})
+    for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
+      for (int32_t b_layout : {MOEKIT_GEMM_B_NK, MOEKIT_GEMM_B_KN})
+        for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
+          for (const char* tile : kTiles)
+            for (Case cs : varlen_m_cases(dtype, b_layout, gather, tile)) {
+              // The epilogue the wgmma kernel does not take with this B layout.
+              const int32_t mma_only = b_layout == MOEKIT_GEMM_B_NK ? MOEKIT_EPILOGUE_DGATED : MOEKIT_EPILOGUE_GATED;
+              if (cs.epilogue == mma_only) continue;
+              cs.k = 192;
+              // GATED / DGATED: n is h's width (2I for a GLU); DGATED's product is I = 192 wide, a GATED GLU's a 96.
+              const bool glu = gated_activation(cs.activation);
+              cs.n = cs.epilogue == MOEKIT_EPILOGUE_STORE || cs.epilogue == MOEKIT_EPILOGUE_BIAS ? 320
+                     : cs.epilogue == MOEKIT_EPILOGUE_DGATED                                      ? (glu ? 384 : 192)
+                     : glu                                                                        ? 192
+                                                                                                  : 128;
+              cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
+              const Inputs in = make_inputs(rng, cs);
+              REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+              INFO("MOEKIT_GEMM_PATH " << path);
+              if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
+              check_case(handles, in);
+              ++checked;
+            }
+  CHECK(checked == 2 * 16 * 16);
+  if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   // varlen K: every gather, output dtype and beta, both dtypes and tiles; m and n multiples of 8 only (the copies
   // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups.
   for (Case cs : varlen_k_cases()) {
