@@ -36,12 +36,14 @@ __device__ __forceinline__ void mbarrier_arrive_on_cp_async(uint32_t bar) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-// `count` arrivals on the barrier at the same shared offset in CTA `rank` of this cluster (this CTA included),
-// ordered after this thread's earlier shared-memory reads (release at cluster scope).
+// `count` arrivals on the barrier at the same shared offset in CTA `rank` of this cluster (this CTA included).
+// NOTE: the default (release at CTA scope), not .release.cluster: a ring slot is released after wgmma.wait_group
+// has retired its reads, so no cluster-wide fence is needed, and that fence (a MEMBAR per consumer warp and slice)
+// was the paired kernel's top stall.
 __device__ __forceinline__ void mbarrier_arrive_cluster(uint32_t bar, uint32_t rank, uint32_t count) {
   asm volatile(
       "{\n.reg .b32 remote;\nmapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote], %2;\n}\n" ::"r"(bar),
+      "mbarrier.arrive.shared::cluster.b64 _, [remote], %2;\n}\n" ::"r"(bar),
       "r"(rank), "r"(count)
       : "memory");
 }

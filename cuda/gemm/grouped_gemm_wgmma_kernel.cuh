@@ -11,12 +11,12 @@
 //   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (NK: two
 //     boxes of BN/2 rows, for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..; KN: BN/64 boxes
 //     of 64 reduction rows x 64 columns, each one 8 KiB block of the MN-major layout) and A's 128 x 64
-//     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first stages in shared memory;
+//     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first loads into registers;
 //     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
 //     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread). varlen K: no TMA; per
-//     64-row reduction slice, each producer thread copies half of one reduction row of A (BM columns) and of B
-//     (BN columns) by cp.async into 8 KiB MN-major blocks, from the row's source (gathered or not); rows past the
-//     group's end are zero-filled.
+//     64-row reduction slice, each octet of producer threads copies whole 128-byte lines of 4 reduction rows of A
+//     (BM columns) and of B (BN columns) by cp.async into 8 KiB MN-major blocks, from the row's source (gathered or
+//     not); rows past the group's end are zero-filled.
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice the accumulators go
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
@@ -64,15 +64,14 @@ struct WgmmaTileConfig {
   static constexpr int a_offset = 0;
   static constexpr int b_offset = a_offset + stages * a_stage_bytes;
   static constexpr int staging_offset = b_offset + stages * b_stage_bytes;
-  static constexpr int rows_offset = staging_offset + consumer_warpgroups * staging_bytes;
-  static constexpr int barrier_offset = rows_offset + bm * 4;
+  static constexpr int barrier_offset = staging_offset + consumer_warpgroups * staging_bytes;
   static constexpr int shared_bytes = barrier_offset + 2 * stages * 8;
 
   static_assert(BN == 128 || BN == 256, "wgmma_m64k16 exists for N = 128 and 256");
   static_assert(a_stage_bytes % 1024 == 0 && b_stage_bytes % 1024 == 0 && (b_box_rows * 128) % 1024 == 0,
                 "every swizzled tile and TMA box starts 1024-byte aligned");
   static_assert(bm == 64 * consumer_warpgroups, "each consumer warpgroup owns 64 rows of the tile");
-  static_assert(bm == 128, "the producer stages one row index per producer thread");
+  static_assert(bm == 128, "an octet of producer threads copies 16-row strides of the tile");
   static_assert(BN % chunk_columns == 0, "the epilogue stages whole 64-column chunks");
   static_assert(barrier_offset % 8 == 0, "mbarriers are 8-byte aligned");
   static_assert(shared_bytes <= 227 * 1024, "one CTA fits the opt-in shared memory of an sm_90 SM");
@@ -161,55 +160,67 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
   }
 }
 
-// varlen K, the producer warpgroup's part of tile t: per 64-row reduction slice, thread i copies half of
-// reduction row i / 2 — A's columns m0 + 64 (i % 2) .. + 63 (one 8 KiB MN-major block) and B's BN / 2 columns of
-// half i % 2 — from the row's source (gathered or not) into the ring slot, in the 128-byte swizzle; rows past the
-// group's end and columns past m / n are zero-filled, nothing read. `it` counts ring uses across tiles.
+// varlen K, the producer warpgroup's part of tile t: per 64-row reduction slice, the 8 threads of an octet copy one
+// reduction row's 128-byte lines — A's BM columns from m0 (BM / 64 MN-major 8 KiB blocks) and B's BN columns (BN / 64
+// blocks) — thread i taking 16-byte chunk i % 8 of each, so a warp's copy reads 4 whole lines; an octet does rows
+// i / 8, +16, +32, +48, from the row's source (gathered or not), into the ring slot in the 128-byte swizzle. Rows
+// past the group's end and columns past m / n are zero-filled, nothing read. The gathered operand's source rows
+// are loaded one slice ahead (waited for inside the slice, their latency was the kernel's top stall), and each
+// row's copies are unrolled from one source pointer per operand (the producer's issue rate bounds this kernel).
+// `it` counts ring uses across tiles.
 template <class T, class Cfg>
 __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const WgmmaTile& t, int64_t slices,
                                                      uint32_t smem_a, uint32_t smem_b, uint32_t full_bars,
                                                      uint32_t empty_bars, int wg_tid, uint32_t& it) {
   constexpr int BK = Cfg::bk, S = Cfg::stages, BN = Cfg::bn;
-  static_assert(Cfg::bm == 128 && Cfg::threads == 384, "two producer threads per reduction row, A in two blocks");
+  constexpr int rows_per_pass = 128 / 8, passes = BK / rows_per_pass;
   const T* a_base = static_cast<const T*>(p.a);
   const T* b_base = static_cast<const T*>(p.b);
-  const int row = wg_tid / 2, half = wg_tid % 2;
+  const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A, gather_b = p.gather == MOEKIT_GEMM_GATHER_B;
+  const int chunk = wg_tid % 8, first_row = wg_tid / 8;
   const int64_t n0 = t.n_tile * BN;
+  // The tile's columns inside m and n (both multiples of 8, so a 16-byte chunk is wholly in or out).
+  const auto a_columns = static_cast<int32_t>(min(p.m - t.m0, static_cast<int64_t>(Cfg::bm)));
+  const auto b_columns = static_cast<int32_t>(min(p.n - n0, static_cast<int64_t>(BN)));
+  int32_t sources[passes];
+  const auto load_sources = [&](int64_t s) {
+#pragma unroll
+    for (int i = 0; i < passes; ++i) {
+      const int64_t r = t.row_begin + s * BK + first_row + rows_per_pass * i;
+      sources[i] = (gather_a || gather_b) && r < t.row_end
+                       ? static_cast<int32_t>(load_index(p.gather_idx, r, p.gather_int64))
+                       : 0;
+    }
+  };
+  if (slices > 0) load_sources(0);
   for (int64_t s = 0; s < slices; ++s, ++it) {
     const uint32_t slot = it % S, parity = (it / S) & 1;
     mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
     const uint32_t full = full_bars + 8 * slot;
-    const int64_t r = t.row_begin + s * BK + row;
-    const bool row_ok = r < t.row_end;
-    int64_t a_row = r, b_row = r;
-    if (row_ok && p.gather != MOEKIT_GEMM_GATHER_NONE) {
-      const int64_t source = load_index(p.gather_idx, r, p.gather_int64);
-      if (p.gather == MOEKIT_GEMM_GATHER_A)
-        a_row = source;
-      else
-        b_row = source;
-    }
-    const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + half * Cfg::mn_block_bytes + row * 128;
-    // NOTE: not unrolled: after setmaxnreg the producer has 40 registers, too few for 24 copies' addresses at once.
-#pragma unroll 1
-    for (int c = 0; c < 8; ++c) {
-      const int64_t col = t.m0 + 64 * half + 8 * c;
-      const bool ok = row_ok && col < p.m;
-      cp_async_16(a_line + ((c ^ (row % 8)) * 16), a_base + (ok ? a_row * p.lda + col : 0), ok);
-    }
-#pragma unroll 1
-    for (int i = 0; i < BN / 128; ++i) {
-      const int block = half * (BN / 128) + i;
-      const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + block * Cfg::mn_block_bytes + row * 128;
-#pragma unroll 1
-      for (int c = 0; c < 8; ++c) {
-        const int64_t col = n0 + 64 * block + 8 * c;
-        const bool ok = row_ok && col < p.n;
-        cp_async_16(b_line + ((c ^ (row % 8)) * 16), b_base + (ok ? b_row * p.ldb + col : 0), ok);
+#pragma unroll
+    for (int i = 0; i < passes; ++i) {
+      const int row = first_row + rows_per_pass * i;
+      const int64_t r = t.row_begin + s * BK + row;
+      const bool row_ok = r < t.row_end;
+      const T* a_row = a_base + (gather_a ? sources[i] : r) * p.lda + t.m0 + 8 * chunk;
+      const T* b_row = b_base + (gather_b ? sources[i] : r) * p.ldb + n0 + 8 * chunk;
+      const uint32_t line = row * 128 + ((chunk ^ (row % 8)) * 16);
+      const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + line;
+      const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + line;
+#pragma unroll
+      for (int block = 0; block < Cfg::bm / 64; ++block) {
+        const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
+        cp_async_16(a_line + block * Cfg::mn_block_bytes, ok ? a_row + 64 * block : a_base, ok);
+      }
+#pragma unroll
+      for (int block = 0; block < BN / 64; ++block) {
+        const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
+        cp_async_16(b_line + block * Cfg::mn_block_bytes, ok ? b_row + 64 * block : b_base, ok);
       }
     }
     mbarrier_arrive_on_cp_async(full);
     if (wg_tid == 0) mbarrier_arrive(full);  // the arrival the varlen-M producer makes with its TMA byte count
+    if (s + 1 < slices) load_sources(s + 1);
   }
 }
 
@@ -225,7 +236,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t smem = shared_address(shared);
   const uint32_t smem_a = smem + Cfg::a_offset;
   const uint32_t smem_b = smem + Cfg::b_offset;
-  int32_t* tile_rows = reinterpret_cast<int32_t*>(shared + Cfg::rows_offset);  // [BM] source row or -1
   const uint32_t full_bars = smem + Cfg::barrier_offset;                       // [S] operands of a slot landed
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
   const int tid = static_cast<int>(threadIdx.x);
@@ -287,56 +297,59 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
         load_varlen_k_slices<T, Cfg>(p, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
-        continue;
-      }
-      named_barrier_sync(1, 128);  // every producer thread is done reading the previous tile's rows
-      const int64_t r = t.row_begin + wg_tid;
-      tile_rows[wg_tid] =
-          r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
-      named_barrier_sync(1, 128);
-      const auto b_first = static_cast<int32_t>(concat_pairs ? t.n_tile * (BN / 2) : t.n_tile * BN);
-      const auto b_second = static_cast<int32_t>(concat_pairs ? p.act_width + t.n_tile * (BN / 2) : b_first + BN / 2);
-      for (int64_t s = 0; s < slices; ++s, ++it) {
-        const uint32_t slot = it % S, parity = (it / S) & 1;
-        mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
-        const uint32_t full = full_bars + 8 * slot;
-        const auto k0 = static_cast<int32_t>(s * BK);
-        if (wg_tid == 0) {
-          const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
-          const auto group = static_cast<int32_t>(t.group);
-          mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);  // paired: half from this CTA, half from the peer
-          if (paired) {
-            // This CTA's half of the B tile, to the same offsets of both CTAs.
-            if constexpr (b_mn_major) {
-#pragma unroll
-              for (int i = 0; i < BN / 128; ++i) {
-                const int block = static_cast<int>(rank) * (BN / 128) + i;
-                tma_load_3d_multicast(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0,
-                                      group, 0x3);
-              }
-            } else {
-              tma_load_3d_multicast(b_slot + rank * (Cfg::b_stage_bytes / 2), &b_map, full, k0,
-                                    rank == 0 ? b_first : b_second, group, 0x3);
-            }
-          } else if constexpr (b_mn_major) {
-#pragma unroll
-            for (int block = 0; block < BN / 64; ++block)
-              tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
-          } else {
-            tma_load_3d(b_slot, &b_map, full, k0, b_first, group);
-            tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, group);
-          }
-        }
-        const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
+      } else {
+        // The source rows of this thread's 8 rows of the tile (-1 past the group), the same for every slice.
+        int32_t sources[BM / 16];
 #pragma unroll
         for (int i = 0; i < BM / 16; ++i) {
-          const int row = wg_tid / 8 + 16 * i;
-          const int32_t src = tile_rows[row];
-          const bool ok = src >= 0;
-          const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
-          cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
+          const int64_t r = t.row_begin + wg_tid / 8 + 16 * i;
+          sources[i] =
+              r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
         }
-        mbarrier_arrive_on_cp_async(full);
+        const auto b_first = static_cast<int32_t>(concat_pairs ? t.n_tile * (BN / 2) : t.n_tile * BN);
+        const auto b_second = static_cast<int32_t>(concat_pairs ? p.act_width + t.n_tile * (BN / 2) : b_first + BN / 2);
+        for (int64_t s = 0; s < slices; ++s, ++it) {
+          const uint32_t slot = it % S, parity = (it / S) & 1;
+          mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+          const uint32_t full = full_bars + 8 * slot;
+          const auto k0 = static_cast<int32_t>(s * BK);
+          if (wg_tid == 0) {
+            const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
+            const auto group = static_cast<int32_t>(t.group);
+            mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);  // paired: half from this CTA, half from the peer
+            if (paired) {
+              // This CTA's half of the B tile, to the same offsets of both CTAs.
+              if constexpr (b_mn_major) {
+#pragma unroll
+                for (int i = 0; i < BN / 128; ++i) {
+                  const int block = static_cast<int>(rank) * (BN / 128) + i;
+                  tma_load_3d_multicast(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0,
+                                        group, 0x3);
+                }
+              } else {
+                tma_load_3d_multicast(b_slot + rank * (Cfg::b_stage_bytes / 2), &b_map, full, k0,
+                                      rank == 0 ? b_first : b_second, group, 0x3);
+              }
+            } else if constexpr (b_mn_major) {
+#pragma unroll
+              for (int block = 0; block < BN / 64; ++block)
+                tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
+            } else {
+              tma_load_3d(b_slot, &b_map, full, k0, b_first, group);
+              tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, group);
+            }
+          }
+          const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
+#pragma unroll
+          for (int i = 0; i < BM / 16; ++i) {
+            const int row = wg_tid / 8 + 16 * i;
+            const int32_t src = sources[i];
+            const bool ok = src >= 0;
+            const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
+            cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
+          }
+          mbarrier_arrive_on_cp_async(full);
+        }
       }
     }
   } else {

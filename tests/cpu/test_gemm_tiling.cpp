@@ -153,8 +153,9 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   other.dtype = MOEKIT_DTYPE_FP32;
   CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
   const moekit_gemm_desc_t wgrad = desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, MOEKIT_ACT_SWIGLU, 8, 4096, 512, 256);
-  CHECK(wgmma_capable(wgrad, 9, 0));  // capable, not chosen until measured
-  CHECK(choose_gemm_path(wgrad, 9, 0) == GemmPath::mma_sync);
+  CHECK(wgmma_capable(wgrad, 9, 0));
+  CHECK(choose_gemm_path(wgrad, 9, 0) == GemmPath::wgmma);
+  CHECK(choose_gemm_path(wgrad, 8, 0) == GemmPath::mma_sync);
 
   setenv("MOEKIT_GEMM_PATH", "mma", 1);
   CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::mma_sync);
