@@ -126,8 +126,8 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
                                      : launcher_for_operands<Dtype, GemmTile::m128_n128>(op);
 }
 
-// The sm_90a path: for varlen M the weight operand's TMA map (built here on the host, per call: B moves between
-// calls; varlen K loads both operands by cp.async and passes an unused map) and the persistent kernel, one CTA per
+// The sm_90a path: the TMA map (built here on the host, per call: operands move between calls) of the weight
+// operand for varlen M, of the operand that is not gathered for varlen K, and the persistent kernel, one CTA per
 // SM at most.
 template <int32_t Dtype, GemmTile Tile>
 void launch_wgmma_operands(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
@@ -146,6 +146,8 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
     const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(gemm_tile_shape(tile).bn / 2);
     b_map = make_weight_tensor_map(p, box_rows);
+  } else if (p.rows > 0) {
+    b_map = make_reduction_rows_tensor_map(p);
   }
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");

@@ -1,5 +1,5 @@
-// Host-callable pieces of the sm_90a grouped GEMM path (grouped_gemm_wgmma_kernel.cuh): the TMA descriptor of the
-// weight operand and the persistent tile kernel's launch. run_grouped_gemm calls them when the plan chose
+// Host-callable pieces of the sm_90a grouped GEMM path (grouped_gemm_wgmma_kernel.cuh): the TMA descriptors of its
+// operands and the persistent tile kernel's launch. run_grouped_gemm calls them when the plan chose
 // GemmPath::wgmma (src/gemm_tiling.h). Plain C++.
 #pragma once
 
@@ -22,10 +22,15 @@ namespace gemm {
 // (cudaGetDriverEntryPointByVersion), so nothing links libcuda. Throws on a descriptor the driver refuses.
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows);
 
+// The TMA map of varlen K's operand that is not gathered (B [rows, n], or A [rows, m] when B is gathered) as rank 3
+// (columns, rows, 1), boxes of 64 columns x 64 reduction rows: each box one 8 KiB block of the MN-major layout.
+CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p);
+
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to
-// pairs) clusters of 2 CTAs sharing the B tile by multicast. b_map is unused for varlen K. One instantiation per
-// translation unit (instantiations/grouped_gemm_wgmma_<nk|kn|vk>_<dtype>_<tile>.cu).
+// pairs) clusters of 2 CTAs sharing the B tile by multicast. `b_map`: B's map for varlen M, that of the operand
+// that is not gathered for varlen K. One instantiation per translation unit
+// (instantiations/grouped_gemm_wgmma_<nk|kn|vk>_<dtype>_<tile>.cu).
 template <int32_t Dtype, GemmTile Tile, Operands Op>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
                         cudaStream_t stream);

@@ -13,10 +13,11 @@
 //     of 64 reduction rows x 64 columns, each one 8 KiB block of the MN-major layout) and A's 128 x 64
 //     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first loads into registers;
 //     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
-//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread). varlen K: no TMA; per
-//     64-row reduction slice, each octet of producer threads copies whole 128-byte lines of 4 reduction rows of A
-//     (BM columns) and of B (BN columns) by cp.async into 8 KiB MN-major blocks, from the row's source (gathered or
-//     not); rows past the group's end are zero-filled.
+//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread). varlen K: per
+//     64-row reduction slice, the operand that is not gathered by TMA (8 KiB MN-major boxes of 64 rows x 64
+//     columns) when the slice lies wholly inside the group, and the gathered one (or, in the group's last partial
+//     slice, both) by cp.async: each octet of producer threads copies whole 128-byte lines of 4 reduction rows into
+//     the same MN-major blocks, from the row's source; rows past the group's end are zero-filled.
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice the accumulators go
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
@@ -167,11 +168,14 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
 // past the group's end and columns past m / n are zero-filled, nothing read. The gathered operand's source rows
 // are loaded one slice ahead (waited for inside the slice, their latency was the kernel's top stall), and each
 // row's copies are unrolled from one source pointer per operand (the producer's issue rate bounds this kernel).
-// `it` counts ring uses across tiles.
+// The operand that is not gathered (B, or A when B is) comes by TMA instead (`map`, one box per 8 KiB block) for
+// every slice wholly inside the group: a TMA box cannot stop at the group's end, so the group's last, partial
+// slice is copied by cp.async with the rows past the end zero-filled. `it` counts ring uses across tiles.
 template <class T, class Cfg>
-__device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const WgmmaTile& t, int64_t slices,
-                                                     uint32_t smem_a, uint32_t smem_b, uint32_t full_bars,
-                                                     uint32_t empty_bars, int wg_tid, uint32_t& it) {
+__device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const CUtensorMap* map,
+                                                     const WgmmaTile& t, int64_t slices, uint32_t smem_a,
+                                                     uint32_t smem_b, uint32_t full_bars, uint32_t empty_bars,
+                                                     int wg_tid, uint32_t& it) {
   constexpr int BK = Cfg::bk, S = Cfg::stages, BN = Cfg::bn;
   constexpr int rows_per_pass = 128 / 8, passes = BK / rows_per_pass;
   const T* a_base = static_cast<const T*>(p.a);
@@ -182,6 +186,9 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   // The tile's columns inside m and n (both multiples of 8, so a 16-byte chunk is wholly in or out).
   const auto a_columns = static_cast<int32_t>(min(p.m - t.m0, static_cast<int64_t>(Cfg::bm)));
   const auto b_columns = static_cast<int32_t>(min(p.n - n0, static_cast<int64_t>(BN)));
+  const bool tma_b = !gather_b;
+  const int tma_blocks = tma_b ? BN / 64 : Cfg::bm / 64;
+  const auto tma_column = static_cast<int32_t>(tma_b ? n0 : t.m0);
   int32_t sources[passes];
   const auto load_sources = [&](int64_t s) {
 #pragma unroll
@@ -197,29 +204,48 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
     const uint32_t slot = it % S, parity = (it / S) & 1;
     mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
     const uint32_t full = full_bars + 8 * slot;
+    const int64_t slice_row = t.row_begin + s * BK;
+    const bool whole = slice_row + BK <= t.row_end;
+    if (wg_tid == 0) {
+      // The arrival the varlen-M producer makes, with the bytes of the TMA boxes when there are any.
+      if (whole) {
+        mbarrier_arrive_expect_tx(full, tma_blocks * Cfg::mn_block_bytes);
+        const uint32_t slot_base = tma_b ? smem_b + slot * Cfg::b_stage_bytes : smem_a + slot * Cfg::a_stage_bytes;
+#pragma unroll 1
+        for (int block = 0; block < tma_blocks; ++block)
+          tma_load_3d(slot_base + block * Cfg::mn_block_bytes, map, full, tma_column + 64 * block,
+                      static_cast<int32_t>(slice_row), 0);
+      } else {
+        mbarrier_arrive(full);
+      }
+    }
+    const bool copy_a = !(whole && !tma_b), copy_b = !(whole && tma_b);
 #pragma unroll
     for (int i = 0; i < passes; ++i) {
       const int row = first_row + rows_per_pass * i;
-      const int64_t r = t.row_begin + s * BK + row;
+      const int64_t r = slice_row + row;
       const bool row_ok = r < t.row_end;
       const T* a_row = a_base + (gather_a ? sources[i] : r) * p.lda + t.m0 + 8 * chunk;
       const T* b_row = b_base + (gather_b ? sources[i] : r) * p.ldb + n0 + 8 * chunk;
       const uint32_t line = row * 128 + ((chunk ^ (row % 8)) * 16);
       const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + line;
       const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + line;
+      if (copy_a) {
 #pragma unroll
-      for (int block = 0; block < Cfg::bm / 64; ++block) {
-        const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
-        cp_async_16(a_line + block * Cfg::mn_block_bytes, ok ? a_row + 64 * block : a_base, ok);
+        for (int block = 0; block < Cfg::bm / 64; ++block) {
+          const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
+          cp_async_16(a_line + block * Cfg::mn_block_bytes, ok ? a_row + 64 * block : a_base, ok);
+        }
       }
+      if (copy_b) {
 #pragma unroll
-      for (int block = 0; block < BN / 64; ++block) {
-        const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
-        cp_async_16(b_line + block * Cfg::mn_block_bytes, ok ? b_row + 64 * block : b_base, ok);
+        for (int block = 0; block < BN / 64; ++block) {
+          const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
+          cp_async_16(b_line + block * Cfg::mn_block_bytes, ok ? b_row + 64 * block : b_base, ok);
+        }
       }
     }
     mbarrier_arrive_on_cp_async(full);
-    if (wg_tid == 0) mbarrier_arrive(full);  // the arrival the varlen-M producer makes with its TMA byte count
     if (s + 1 < slices) load_sources(s + 1);
   }
 }
@@ -258,7 +284,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       mbarrier_init(empty_bars + 8 * s, paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * Cfg::consumer_warpgroups);
     }
     mbarrier_init_fence();
-    if constexpr (!varlen_k) tma_prefetch_descriptor(&b_map);
+    // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
+    if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&b_map);
   }
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
@@ -296,7 +323,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
-        load_varlen_k_slices<T, Cfg>(p, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
+        load_varlen_k_slices<T, Cfg>(p, &b_map, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
       } else {
         // The source rows of this thread's 8 rows of the tile (-1 past the group), the same for every slice.
         int32_t sources[BM / 16];

@@ -1,0 +1,79 @@
+// The TMA descriptors of the grouped GEMM's operands for the wgmma path (grouped_gemm_wgmma.h).
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda/common/cuda_check.h"
+#include "cuda/gemm/grouped_gemm_wgmma.h"
+#include "error.h"
+#include "moekit/moekit.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace gemm {
+
+namespace {
+
+using EncodeTiled = PFN_cuTensorMapEncodeTiled_v12000;
+
+// The driver's cuTensorMapEncodeTiled, looked up once per process.
+EncodeTiled encode_tiled() {
+  static const EncodeTiled encode = [] {
+    void* function = nullptr;
+    cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+    check_cuda(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &function, 12000, cudaEnableDefault, &found),
+               "grouped GEMM (wgmma): driver entry point");
+    if (found != cudaDriverEntryPointSuccess || function == nullptr)
+      throw_internal("grouped GEMM (wgmma): the driver has no cuTensorMapEncodeTiled");
+    return reinterpret_cast<EncodeTiled>(function);
+  }();
+  return encode;
+}
+
+// A rank-3 map of 16-bit elements over `data`: dims innermost first (the innermost contiguous), `strides` the bytes
+// between consecutive indices of dims 1 and 2, boxes of 64 x box_rows x 1 in the 128-byte swizzle, zeros outside.
+CUtensorMap encode_map(int32_t dtype, const void* data, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
+                       int box_rows) {
+  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  const CUtensorMapDataType type =
+      dtype == MOEKIT_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap map{};
+  const CUresult status = encode_tiled()(&map, type, 3, const_cast<void*>(data), dims, strides, box, element_strides,
+                                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (status != CUDA_SUCCESS)
+    throw_internal("grouped GEMM (wgmma): cuTensorMapEncodeTiled failed with CUresult " + std::to_string(status));
+  return map;
+}
+
+constexpr cuuint64_t element_bytes = 2;
+
+}  // namespace
+
+CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
+  // NK: (k, n, E), rows of k; KN: (n, k, E), rows of n.
+  const bool kn = p.b_layout == MOEKIT_GEMM_B_KN;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(kn ? p.n : p.k), static_cast<cuuint64_t>(kn ? p.k : p.n),
+                              static_cast<cuuint64_t>(p.groups)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.ldb) * element_bytes,
+                                 static_cast<cuuint64_t>(p.b_group_stride) * element_bytes};
+  return encode_map(p.dtype, p.b, dims, strides, box_rows);
+}
+
+CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {
+  // B [rows, n] unless B is the gathered operand, then A [rows, m]: (columns, rows, 1).
+  const bool b = p.gather != MOEKIT_GEMM_GATHER_B;
+  const auto ld = static_cast<cuuint64_t>(b ? p.ldb : p.lda) * element_bytes;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(b ? p.n : p.m), static_cast<cuuint64_t>(p.rows), 1};
+  const cuuint64_t strides[2] = {ld, ld * static_cast<cuuint64_t>(p.rows)};
+  return encode_map(p.dtype, b ? p.b : p.a, dims, strides, 64);
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
