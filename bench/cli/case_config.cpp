@@ -1,5 +1,8 @@
 #include "case_config.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace moekit_bench {
 
 const std::vector<std::string>& op_names() {
@@ -10,6 +13,12 @@ const std::vector<std::string>& op_names() {
       "moe_forward",        "moe_backward",        "moe_forward_backward",
       "sparse_ffn_forward", "sparse_ffn_backward", "sparse_ffn_forward_backward"};
   return names;
+}
+
+int64_t RoutingOptions::empty_experts(int64_t experts) const {
+  if (kind != RoutingKind::lognormal || empty_fraction <= 0) return 0;
+  const auto empty = static_cast<int64_t>(std::floor(empty_fraction * static_cast<double>(experts)));
+  return experts >= 16 ? std::max<int64_t>(empty, 1) : empty;
 }
 
 std::string shape_text(const Shape& s) {

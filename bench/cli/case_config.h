@@ -45,6 +45,19 @@ struct Shape {
   int64_t subsample = 0;     // sparse FFN spg (0 = all G rows)
 };
 
+// How the routing of the cases that get real routing (routing.h) is drawn: "uniform" logits, or "lognormal" skew
+// (each expert's logits shifted by log w_e, w_e ~ lognormal(0, sigma), and a fraction of the experts left empty).
+enum class RoutingKind { uniform, lognormal };
+
+struct RoutingOptions {
+  RoutingKind kind = RoutingKind::uniform;
+  double sigma = 1.0;                 // lognormal: the sigma of log w_e
+  double empty_fraction = 1.0 / 16;   // lognormal: the fraction of experts nobody routes to
+  // The experts lognormal routing leaves empty: floor(empty_fraction * E), at least 1 when E >= 16 and the
+  // fraction is not 0; none for uniform routing.
+  int64_t empty_experts(int64_t experts) const;
+};
+
 // Calls per measurement: `warmup` untimed calls, then `repeats` rounds of `iterations` timed calls.
 struct CallCounts {
   int warmup = 0;
@@ -79,6 +92,9 @@ struct CaseConfig {
   moekit_gemm_epilogue_t epilogue = MOEKIT_EPILOGUE_STORE;
   moekit_gemm_gather_t gather = MOEKIT_GEMM_GATHER_NONE;
   moekit_gemm_b_layout_t b_layout = MOEKIT_GEMM_B_NK;
+  double beta = 0;  // STORE/BIAS (varlen M) and varlen K: C = AB + beta C; nonzero: C starts random and is read
+  // Operations with real routing (routing.h)
+  RoutingOptions routing;
   // db2_ds: also compute db2 (else ds only)
   bool with_db2 = true;
 

@@ -51,6 +51,16 @@ struct KernelTime {
   double us = 0;     // GPU time per timed call
 };
 
+// The routing a case ran on (operations with real routing, routing.h): how it was drawn and its pairs per expert.
+struct RoutingSummary {
+  bool present = false;
+  std::string kind;                                 // "uniform" or "lognormal"
+  double sigma = kNone, empty_fraction = kNone;     // lognormal only
+  int64_t forced_empty = 0;                         // lognormal: experts nobody may route to
+  int64_t count_min = 0, count_max = 0, empty = 0;  // pairs per expert: fewest, most, experts with none
+  double count_mean = kNone;                        // P / E
+};
+
 struct CaseResult {
   std::string name, op, backend, dtype, shape;
   std::string config_json;
@@ -65,6 +75,7 @@ struct CaseResult {
   // The library's kernel choices for the case's plan (MOEKIT_LOG_CONFIG lines; none on the reference backend).
   std::vector<std::string> kernel_choices;
   std::string derivation;  // "", or how the time was derived ("t(forward + backward) - t(forward)")
+  RoutingSummary routing;
 
   double flops = 0, bytes = 0;
   double tflops = kNone, gbps = kNone;

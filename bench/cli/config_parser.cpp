@@ -32,19 +32,26 @@ struct OpFields {
 };
 
 const std::vector<std::string> kRouterOptions = {"router", "renormalize", "router_scale"};
+// The operations that get real routing (routing.h) read these.
+const std::vector<std::string> kRoutingOptions = {"routing", "routing_sigma", "routing_empty"};
+
+std::vector<std::string> with_routing(std::vector<std::string> optional) {
+  optional.insert(optional.end(), kRoutingOptions.begin(), kRoutingOptions.end());
+  return optional;
+}
 
 OpFields fields_of(Op op) {
   switch (op) {
-    case Op::router_forward:
-    case Op::router_backward: return {{"tokens", "experts", "top_k"}, kRouterOptions};
-    case Op::dispatch: return {{"tokens", "experts", "top_k"}, {}};
+    case Op::router_forward: return {{"tokens", "experts", "top_k"}, kRouterOptions};
+    case Op::router_backward: return {{"tokens", "experts", "top_k"}, with_routing(kRouterOptions)};
+    case Op::dispatch: return {{"tokens", "experts", "top_k"}, with_routing({})};
     case Op::gemm:
       return {{"tokens", "experts", "top_k", "mode", "n", "k"},
-              {"epilogue", "gather", "b_layout", "activation", "glu_layout", "out_dtype"}};
+              with_routing({"epilogue", "gather", "b_layout", "activation", "glu_layout", "out_dtype", "beta"})};
     case Op::combine:
-    case Op::broadcast_backward: return {{"tokens", "experts", "top_k", "hidden"}, {}};
-    case Op::db1: return {{"tokens", "experts", "top_k", "width"}, {"out_dtype"}};
-    case Op::db2_ds: return {{"tokens", "experts", "top_k", "hidden"}, {"out_dtype", "with_db2"}};
+    case Op::broadcast_backward: return {{"tokens", "experts", "top_k", "hidden"}, with_routing({})};
+    case Op::db1: return {{"tokens", "experts", "top_k", "width"}, with_routing({"out_dtype"})};
+    case Op::db2_ds: return {{"tokens", "experts", "top_k", "hidden"}, with_routing({"out_dtype", "with_db2"})};
     case Op::group_select:
       return {{"tokens", "d_model", "d_ff", "group_size"}, {"top_groups", "density", "subsample"}};
     case Op::moe_forward:
@@ -94,6 +101,8 @@ const std::map<std::string, moekit_gemm_epilogue_t> kEpilogues = {{"store", MOEK
 const std::map<std::string, moekit_gemm_gather_t> kGathers = {
     {"none", MOEKIT_GEMM_GATHER_NONE}, {"a", MOEKIT_GEMM_GATHER_A}, {"b", MOEKIT_GEMM_GATHER_B}};
 const std::map<std::string, moekit_gemm_b_layout_t> kBLayouts = {{"nk", MOEKIT_GEMM_B_NK}, {"kn", MOEKIT_GEMM_B_KN}};
+const std::map<std::string, RoutingKind> kRoutingKinds = {{"uniform", RoutingKind::uniform},
+                                                          {"lognormal", RoutingKind::lognormal}};
 
 std::string join(const std::vector<std::string>& names) {
   std::string s;
@@ -247,6 +256,34 @@ void read_gemm_options(const Fields& f, CaseConfig& c) {
   const bool activated = c.epilogue == MOEKIT_EPILOGUE_GATED || c.epilogue == MOEKIT_EPILOGUE_DGATED;
   if (activated && gated(c.activation) && c.shape.n % 2 != 0)
     f.fail("n", "a gated activation needs an even n (h holds both GLU halves), got " + std::to_string(c.shape.n));
+  c.beta = f.number("beta", 0.0);
+  if (!std::isfinite(c.beta)) f.fail("beta", "expected a finite number, got " + f.at("beta").dump());
+  if (c.beta != 0 && activated)
+    f.fail("beta", "the \"" + f.string("epilogue") + "\" epilogue never reads its output; beta applies to varlen_k and "
+                   "to varlen_m with epilogue \"store\" or \"bias\"");
+}
+
+// Routing options of the operations with real routing. routing_sigma and routing_empty shape lognormal routing
+// only: a case that gives them itself with uniform routing is told so (a defaults block may carry them for others).
+void read_routing_options(const Fields& f, const json& own, CaseConfig& c) {
+  RoutingOptions& r = c.routing;
+  r.kind = f.choice("routing", kRoutingKinds, r.kind);
+  r.sigma = f.number("routing_sigma", r.sigma);
+  if (!(std::isfinite(r.sigma) && r.sigma >= 0)) f.fail("routing_sigma", "expected a number >= 0, got " + f.at("routing_sigma").dump());
+  r.empty_fraction = f.number("routing_empty", r.empty_fraction);
+  if (!(r.empty_fraction >= 0 && r.empty_fraction < 1))
+    f.fail("routing_empty", "expected a fraction of the experts in [0, 1), got " + f.at("routing_empty").dump());
+  if (r.kind != RoutingKind::lognormal)
+    for (const char* field : {"routing_sigma", "routing_empty"})
+      if (own.contains(field)) f.fail(field, "applies to \"routing\": \"lognormal\" only");
+}
+
+// Lognormal routing must leave every token top_k experts to route to.
+void check_routing_shape(const Fields& f, const CaseConfig& c, const Shape& shape) {
+  const int64_t empty = c.routing.empty_experts(shape.experts);
+  if (empty > 0 && shape.experts - empty < shape.top_k)
+    f.fail("routing_empty", std::to_string(empty) + " of the " + std::to_string(shape.experts) +
+                                " experts empty leaves fewer than top_k = " + std::to_string(shape.top_k));
 }
 
 CaseConfig read_case(const json& object, const json& defaults, const std::string& path, size_t index,
@@ -301,6 +338,11 @@ CaseConfig read_case(const json& object, const json& defaults, const std::string
   c.out_dtype = f.choice("out_dtype", kDtypes, MOEKIT_DTYPE_INVALID);
   c.with_db2 = f.boolean("with_db2", true);
   if (c.op == Op::gemm) read_gemm_options(f, c);
+  const bool routed = std::find(allowed.begin(), allowed.end(), "routing") != allowed.end();
+  if (routed) {
+    read_routing_options(f, object, c);
+    check_routing_shape(f, c, c.shape);
+  }
 
   c.cuda_counts = read_counts(f, kCudaCounts);
   c.reference_counts = kReferenceCounts;
@@ -322,6 +364,7 @@ CaseConfig read_case(const json& object, const json& defaults, const std::string
       if (std::find(allowed.begin(), allowed.end(), name) != allowed.end()) shape_fields.push_back(name);
     k.only(shape_fields);
     read_shape(k, c.op, c.check_shape);
+    if (routed) check_routing_shape(k, c, c.check_shape);
   }
   c.json = merged.dump();
   return c;

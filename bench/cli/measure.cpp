@@ -69,6 +69,7 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
   r.flops = model.flops;
   r.flop_convention = model.flop_convention;
   r.bytes = workload->bytes();
+  if (const Routing* routing = workload->routing_used()) r.routing = summarize(*routing);
 
   double set_bytes = 0;
   for (const TensorSpec& s : workload->tensors()) set_bytes += static_cast<double>(s.bytes());

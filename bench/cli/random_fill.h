@@ -13,6 +13,9 @@ namespace moekit_bench {
 // (copied on the platform), which keeps filling a multi-GB weight cheap.
 void fill_random(Platform& platform, void* dst, moekit_dtype_t dtype, int64_t count, float scale, uint64_t seed);
 
+// Stores `v` rounded to `dtype` (bf16, fp16: nearest even; fp32; fp64) at `out`.
+void store_element(moekit_dtype_t dtype, float v, unsigned char* out);
+
 // SplitMix64 (as moekit_subsample_rows documents it): the bench's only source of random bits.
 inline uint64_t splitmix64(uint64_t& state) {
   uint64_t z = (state += 0x9E3779B97F4A7C15ull);

@@ -64,6 +64,18 @@ ordered_json check_json(const CheckResult& c) {
           {"shape", c.shape},                {"against", c.against}, {"outputs", outputs}};
 }
 
+ordered_json routing_json(const RoutingSummary& s) {
+  if (!s.present) return nullptr;
+  ordered_json j = {{"kind", s.kind}};
+  if (s.kind == "lognormal") {
+    j["sigma"] = s.sigma;
+    j["empty_fraction"] = s.empty_fraction;
+    j["forced_empty"] = s.forced_empty;
+  }
+  j["counts"] = {{"min", s.count_min}, {"max", s.count_max}, {"mean", number(s.count_mean)}, {"empty", s.empty}};
+  return j;
+}
+
 ordered_json case_json(const CaseResult& r) {
   ordered_json j = {{"name", r.name},
                     {"op", r.op},
@@ -72,6 +84,7 @@ ordered_json case_json(const CaseResult& r) {
                     {"message", r.message},
                     {"shape", r.shape},
                     {"config", ordered_json::parse(r.config_json)},
+                    {"routing", routing_json(r.routing)},
                     {"time_us", stats(r.time)},
                     {"spread_pct", number(r.spread_pct)},
                     {"timing",

@@ -51,6 +51,12 @@ double Workload::bytes_of(std::initializer_list<std::optional<size_t>> tensors) 
   return total;
 }
 
+const Routing& Workload::routing() {
+  if (routing_ == nullptr)
+    routing_ = &routing_for(shape_.tokens, shape_.experts, shape_.top_k, config_.dtype, config_.seed, config_.routing);
+  return *routing_;
+}
+
 size_t Workload::add(TensorSpec spec) {
   specs_.push_back(std::move(spec));
   return specs_.size() - 1;

@@ -11,6 +11,7 @@
 
 #include "case_config.h"
 #include "moekit/moekit.h"
+#include "routing.h"
 #include "tensor_set.h"
 
 namespace moekit_bench {
@@ -60,6 +61,9 @@ class Workload {
 
   virtual WorkModel model() const = 0;
 
+  // The real routing the case's inputs come from (routing.h); null for the operations without one.
+  const Routing* routing_used() const { return routing_; }
+
   // Bytes one timed call moves: by default each tensor by its Access (docs/benchmark.md); the layers, whose
   // forward and backward read some tensors twice, count per step.
   virtual double bytes() const;
@@ -69,6 +73,8 @@ class Workload {
   // Adds the saved buffer to the tensors when the plan has one (moekit_plan_saved_size > 0); returns its index.
   std::optional<size_t> add_saved_buffer(Access access);
   size_t add(TensorSpec spec);  // returns the tensor's index
+  // The case's real routing at its shape (seed, dtype and routing options of the config), remembered for the record.
+  const Routing& routing();
   // The total size of the tensors given by index (absent ones count 0).
   double bytes_of(std::initializer_list<std::optional<size_t>> tensors) const;
   virtual void bind_sets(const std::vector<const TensorSet*>& sets) = 0;
@@ -79,6 +85,9 @@ class Workload {
   std::vector<TensorSpec> specs_;
   void* workspace_ = nullptr;
   size_t workspace_bytes_ = 0;
+
+ private:
+  const Routing* routing_ = nullptr;
 };
 
 // The workload of `config.op` at `shape` (the case's shape, or its check shape). Throws CaseFailure when the

@@ -1,9 +1,11 @@
 // Checks a moekit-bench results file against its config: the meta block, one record per case in config order,
-// every case run (or reported not supported) with a positive time, its figures present, its check passed, and a
-// reproduce command that names the case.
+// every case run (or reported not supported) with a positive time, its figures present, its check passed, a
+// reproduce command that names the case, and for the operations with real routing the routing record (lognormal
+// routing: its empty experts really empty).
 //   moekit_bench_check_results RESULTS.json CONFIG.json      exit 0 when everything holds, else 1 with the reasons
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -42,6 +44,35 @@ void check_meta(const json& meta) {
   }
 }
 
+bool has_real_routing(const std::string& op) {
+  for (const char* routed : {"router_backward", "dispatch", "gemm", "combine", "broadcast_backward", "db1", "db2_ds"})
+    if (op == routed) return true;
+  return false;
+}
+
+void check_routing(const json& c, const std::string& where) {
+  const json& routing = c["routing"];
+  const json& config = c["config"];
+  expect(routing.is_object() && routing["counts"].is_object(), where + "no routing record");
+  if (!routing.is_object() || !routing["counts"].is_object()) return;
+  const std::string kind = config.value("routing", "uniform");
+  expect(routing.value("kind", "") == kind, where + "routing kind " + routing.value("kind", "") + ", config " + kind);
+  const json& counts = routing["counts"];
+  const double mean = static_cast<double>(config.value("tokens", 0) * config.value("top_k", 0)) /
+                      static_cast<double>(config.value("experts", 1));
+  expect(counts.value("min", -1) <= mean && counts.value("max", -1) >= mean &&
+             std::fabs(counts.value("mean", 0.0) - mean) < 1e-9,
+         where + "routing counts inconsistent with the shape: " + counts.dump());
+  if (kind != "lognormal") return;
+  const int64_t experts = config.value("experts", 0), forced = routing.value("forced_empty", int64_t{-1});
+  const double fraction = config.value("routing_empty", 1.0 / 16);
+  const auto floor_count = static_cast<int64_t>(std::floor(fraction * static_cast<double>(experts)));
+  expect(forced == (experts >= 16 && fraction > 0 ? std::max<int64_t>(floor_count, 1) : floor_count),
+         where + "forced_empty " + std::to_string(forced) + " is not the configured fraction of the experts");
+  expect(counts.value("empty", int64_t{-1}) >= forced, where + "fewer empty experts than forced: " + routing.dump());
+  if (forced > 0) expect(counts.value("min", -1) == 0, where + "an expert forced empty got rows: " + routing.dump());
+}
+
 void check_case(const json& c, const std::string& expected_name, const std::string& backend) {
   const std::string where = "case '" + expected_name + "': ";
   expect(c.value("name", "") == expected_name, where + "found '" + c.value("name", "") + "' in its place");
@@ -59,6 +90,7 @@ void check_case(const json& c, const std::string& expected_name, const std::stri
     expect(c["gbps"].is_number() && c["gbps"].get<double>() > 0, where + "no positive GB/s");
     if (c["flops"].get<double>() > 0) expect(c["tflops"].is_number(), where + "FLOPs but no TFLOP/s");
     expect(c["bytes"].get<double>() > 0, where + "no bytes counted");
+    if (has_real_routing(c.value("op", ""))) check_routing(c, where);
     if (backend == "reference")
       expect(c["baseline"].value("description", "").find("no baseline") != std::string::npos,
              where + "the reference backend must state that there is no baseline");
@@ -90,8 +122,13 @@ int main(int argc, char** argv) {
     expect(cases.size() == config["cases"].size(), "the results hold " + std::to_string(cases.size()) +
                                                         " cases, the config " + std::to_string(config["cases"].size()));
     const std::string backend = results["meta"].value("backend", "");
-    for (size_t i = 0; i < cases.size() && i < config["cases"].size(); ++i)
-      check_case(cases[i], config["cases"][i].value("name", ""), backend);
+    for (size_t i = 0; i < cases.size() && i < config["cases"].size(); ++i) {
+      const json& given = config["cases"][i];
+      check_case(cases[i], given.value("name", ""), backend);
+      if (given.contains("beta"))
+        expect(cases[i]["config"].value("beta", 0.0) == given["beta"].get<double>(),
+               "case '" + given.value("name", "") + "': the record's config does not show its beta");
+    }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "check_results: %s\n", e.what());
     return 1;

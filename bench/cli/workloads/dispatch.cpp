@@ -1,6 +1,5 @@
 // dispatch: the deterministic CSR (expert offsets, gather/pair indices, grouped positions) of the router's indices
 // on random logits. Memory-bound; every output is an integer that must match the reference exactly.
-#include "routing.h"
 #include "workloads/workloads.h"
 
 namespace moekit_bench {
@@ -19,7 +18,7 @@ class DispatchWorkload final : public Workload {
     desc.experts = E;
     const moekit_status_t status = moekit_dispatch_plan_create(handle, &desc, &plan_);
     if (status != MOEKIT_SUCCESS) return status;
-    const Routing& routing = routing_for(T, E, K, config_.dtype, config_.seed);
+    const Routing& routing = this->routing();
     indices_ = add(given("indices", MOEKIT_DTYPE_INT32, {T, K}, host_bytes(routing.indices)));
     offsets_ = add(spec("expert_offsets", MOEKIT_DTYPE_INT32, {E + 1}, Access::write, 0.0f, Compare::exact));
     gather_ = add(spec("gather_idx", MOEKIT_DTYPE_INT32, {P}, Access::write, 0.0f, Compare::exact));

@@ -1,11 +1,11 @@
 // gemm: one grouped GEMM (SPEC section 5) over the P = T*K grouped rows of real routing (routing.h), in the mode,
 // gather, B layout and epilogue the case names. Model FLOPs 2*P*N*K where N is the product's width (n/2 for a
 // DGATED epilogue of a gated activation, whose product dA is as wide as a); the baseline is one dense cuBLASLt GEMM
-// of the same FLOPs.
+// of the same FLOPs. With a nonzero `beta` (STORE/BIAS, varlen K) C starts as random data and the call accumulates
+// into it, so C counts as read and written.
 #include <cmath>
 #include <optional>
 
-#include "routing.h"
 #include "workloads/workloads.h"
 
 namespace moekit_bench {
@@ -38,9 +38,11 @@ class GroupedGemmWorkload final : public Workload {
     const moekit_status_t status = moekit_gemm_plan_create(handle, &desc, &plan_);
     if (status != MOEKIT_SUCCESS) return status;
 
-    const Routing& routing = routing_for(T, E, K, dtype, config_.seed);
+    const Routing& routing = this->routing();
     const moekit_dtype_t out_dtype = or_dtype(config_.out_dtype, dtype);
     const bool gather_a = config_.gather == MOEKIT_GEMM_GATHER_A, gather_b = config_.gather == MOEKIT_GEMM_GATHER_B;
+    const Access c_access = config_.beta != 0 ? Access::read_write : Access::write;
+    const float c_scale = config_.beta != 0 ? 1.0f : 0.0f;
     offsets_ = add(given("offsets", MOEKIT_DTYPE_INT32, {E + 1}, host_bytes(routing.expert_offsets)));
     if (gather_a || gather_b) gather_ = add(given("gather_idx", MOEKIT_DTYPE_INT32, {P}, host_bytes(routing.gather_idx)));
 
@@ -48,7 +50,7 @@ class GroupedGemmWorkload final : public Workload {
       // C[e] [k, n] = A_e^T B_e over the expert's rows.
       a_ = add(spec("a", dtype, {gather_a ? T : P, k}, Access::read, 1.0f));
       b_ = add(spec("b", dtype, {gather_b ? T : P, n}, Access::read, 1.0f));
-      c_ = add(spec("c", out_dtype, {E, k, n}, Access::write, 0.0f, Compare::values));
+      c_ = add(spec("c", out_dtype, {E, k, n}, c_access, c_scale, Compare::values));
       product_ = {k, n, P};
       return MOEKIT_SUCCESS;
     }
@@ -70,7 +72,7 @@ class GroupedGemmWorkload final : public Workload {
       dscores_ = add(spec("dscores", MOEKIT_DTYPE_FP32, {P}, Access::write, 0.0f, Compare::values));
     }
     c_ = add(spec(activated ? (config_.epilogue == MOEKIT_EPILOGUE_GATED ? "h" : "dh") : "c",
-                  activated ? dtype : out_dtype, {P, n}, Access::write, 0.0f, Compare::values));
+                  activated ? dtype : out_dtype, {P, n}, c_access, c_scale, Compare::values));
     if (activated) act_ = add(spec(config_.epilogue == MOEKIT_EPILOGUE_GATED ? "a" : "a_scaled", dtype,
                                    {P, act_width}, Access::write, 0.0f, Compare::values));
     product_ = {P, product_n, k};
@@ -85,6 +87,7 @@ class GroupedGemmWorkload final : public Workload {
       a.b = s->view(b_);
       a.offsets = s->view(offsets_);
       a.c = s->view(c_);
+      a.beta = config_.beta;
       if (gather_) a.gather_idx = s->view(*gather_);
       if (bias_) a.bias = s->view(*bias_);
       if (act_) a.act = s->view(*act_);

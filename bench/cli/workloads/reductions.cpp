@@ -3,7 +3,6 @@
 // sums of score-weighted dout rows, and ds += dout . b2). Memory-bound.
 #include <cmath>
 
-#include "routing.h"
 #include "workloads/workloads.h"
 
 namespace moekit_bench {
@@ -38,7 +37,7 @@ class ReductionWorkload final : public Workload {
     }
     if (status != MOEKIT_SUCCESS) return status;
 
-    const Routing& routing = routing_for(T, E, K, dtype, config_.seed);
+    const Routing& routing = this->routing();
     switch (config_.op) {
       case Op::combine:
       case Op::broadcast_backward:

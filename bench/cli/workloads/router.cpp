@@ -1,6 +1,5 @@
 // router_forward: scores, indices and counts from random logits [T, E]. router_backward: dlogits from the
 // forward's logits and indices (real routing, routing.h) and random score gradients. Memory-bound.
-#include "routing.h"
 #include "workloads/workloads.h"
 
 namespace moekit_bench {
@@ -30,7 +29,7 @@ class RouterWorkload final : public Workload {
       indices_ = add(spec("indices", MOEKIT_DTYPE_INT32, {T, K}, Access::write, 0.0f, Compare::exact));
       counts_ = add(spec("counts", MOEKIT_DTYPE_INT32, {E}, Access::write, 0.0f, Compare::exact));
     } else {
-      const Routing& routing = routing_for(T, E, K, config_.dtype, config_.seed);
+      const Routing& routing = this->routing();
       logits_ = add(given("logits", config_.dtype, {T, E}, host_bytes(routing.logits)));
       indices_ = add(given("indices", MOEKIT_DTYPE_INT32, {T, K}, host_bytes(routing.indices)));
       dscores_ = add(spec("dscores", MOEKIT_DTYPE_FP32, {T, K}, Access::read, 1.0f));
