@@ -10,22 +10,29 @@ size, a layer backward as t(forward + backward) - t(forward)):
                 index_add; backward through autograd (input and weight gradients)
   sparse_ffn_*  the dense SwiGLU FFN of the same width d_ff (the baseline a sparse FFN must beat)
   gemm          torch._grouped_mm of the same grouped shapes, the gathered rows copied first, the epilogue's math
-                (bias, SwiGLU, dgated) in eager PyTorch after it
+                (bias, SwiGLU, dgated) in eager PyTorch after it; an out_dtype other than dtype through
+                _grouped_mm's out_dtype where this torch takes it, else the product converted after; a nonzero
+                beta: the product added into C (c.mul_(beta) first unless beta = 1). The record's note says which.
+                With --grouped-mm-alone, also the torch._grouped_mm call alone, on rows gathered beforehand, no
+                epilogue and no accumulation (record field grouped_mm_alone)
   other ops     reported "not_supported" (no PyTorch-native counterpart written here)
 
 Model FLOPs follow docs/benchmark.md, so the TFLOP/s of a case compare with moekit-bench's record of the same name;
 join_results.py prints two result files side by side. Routing comes from random logits through torch.topk (the
-same distribution as moekit-bench's routing, not the same bits).
+same distribution as moekit-bench's routing, not the same bits), uniform in [-1, 1) or, with "routing":
+"lognormal", plus each expert's offset log w_e (w_e ~ lognormal(0, routing_sigma)) and -1e4 for the
+routing_empty fraction of the experts, drawn with torch's RNG.
 
 Needs PyTorch 2.8 or later (torch._grouped_mm), a CUDA GPU (bf16 grouped GEMMs: sm_90 or newer).
 
 usage: python3 bench/compare/torch_bench.py CONFIG.json [--out results.json] [--mode eager|compile]
-                                            [--filter REGEX]
+                                            [--filter REGEX] [--grouped-mm-alone]
 """
 import argparse
 import datetime
 import functools
 import json
+import math
 import os
 import re
 import statistics
@@ -140,6 +147,43 @@ def uniform(shape, scale, dtype, requires_grad=False):
     return t.to(dtype).requires_grad_(requires_grad)
 
 
+def empty_experts(experts, fraction):
+    """The experts lognormal routing leaves empty (docs/benchmark.md): floor(fraction * E), at least 1 when E >= 16
+    and the fraction is not 0."""
+    if fraction <= 0:
+        return 0
+    count = math.floor(fraction * experts)
+    return max(count, 1) if experts >= 16 else count
+
+
+def routing_logits(case, T, E, dtype):
+    """The router logits [T, E] of a case with real routing, drawn as moekit-bench draws them (torch's RNG: the same
+    distribution, not the same values): uniform in [-1, 1); with "routing": "lognormal", plus each expert's offset
+    log w_e = routing_sigma * N(0, 1) (w_e ~ lognormal(0, sigma)) and -1e4 for routing_empty of the experts (a
+    random subset), so that nobody routes to them. Rounded to dtype once, after the offset."""
+    if case.get("routing", "uniform") != "lognormal":
+        return uniform((T, E), 1.0, dtype)
+    logits = torch.rand((T, E), device="cuda", dtype=torch.float32) * 2 - 1
+    offsets = torch.randn(E, device="cuda") * case.get("routing_sigma", 1.0)
+    offsets[torch.randperm(E, device="cuda")[:empty_experts(E, case.get("routing_empty", 1 / 16))]] = -1e4
+    return (logits + offsets).to(dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def grouped_mm_takes_out_dtype(out_dtype, dtype, varlen_k):
+    """Whether this torch's _grouped_mm computes an `out_dtype` output from `dtype` operands itself (a small probe
+    of the case's operand layout); where it does not, the product is converted after."""
+    offs = torch.tensor([16, 32], device="cuda", dtype=torch.int32)
+    a = torch.zeros((32, 16), device="cuda", dtype=dtype)
+    b = torch.zeros((32, 16) if varlen_k else (2, 16, 16), device="cuda", dtype=dtype)
+    try:
+        out = torch._grouped_mm(a.t() if varlen_k else a, b if varlen_k else b.transpose(-2, -1), offs=offs,
+                                out_dtype=out_dtype)
+        return out.dtype == out_dtype
+    except (RuntimeError, TypeError):
+        return False
+
+
 def layer_case(case, dtype, compile_mode):
     """Returns (forward-only call, forward+backward call, bytes of one input set) builders for a layer case."""
     op = case["op"]
@@ -171,47 +215,105 @@ def layer_case(case, dtype, compile_mode):
     return make_set, forward, set_bytes
 
 
+class GemmCase:
+    """A grouped GEMM case: make_set() builds one input set, call(s) is the user code timed, set_bytes sizes the
+    rotation, note says what call() times; with_gathered(s) adds the rows gathered beforehand and alone(s) times
+    torch._grouped_mm alone on them (no gather, no epilogue, no accumulation)."""
+
+    def __init__(self, make_set, call, set_bytes, note, with_gathered, alone):
+        self.make_set, self.call, self.set_bytes, self.note = make_set, call, set_bytes, note
+        self.with_gathered, self.alone = with_gathered, alone
+
+
 def gemm_case(case, dtype):
-    """Returns (make_set, call, set_bytes) for a grouped GEMM case."""
+    """The GemmCase of a grouped GEMM case."""
     T, E, K, n, k = (case[key] for key in ("tokens", "experts", "top_k", "n", "k"))
     P = T * K
     mode, epilogue = case["mode"], case.get("epilogue", "store")
     gather, layout = case.get("gather", "none"), case.get("b_layout", "nk")
+    beta = case.get("beta", 0)
     if case.get("activation", "swiglu") != "swiglu" or case.get("glu_layout", "concat") != "concat":
         raise NotSupported("the PyTorch epilogues here are SwiGLU with the concat layout only")
-    scores, _, order, counts, offs = route(uniform((T, E), 1.0, dtype), K)
+    scores, _, order, counts, offs = route(routing_logits(case, T, E, dtype), K)
     token, pair = order // K, order
     expert_of_row = torch.repeat_interleave(torch.arange(E, device="cuda"), counts, output_size=P)
     row_scale = scores.reshape(-1).index_select(0, pair)
+    a_rows, b_rows = T if gather == "a" else P, T if gather == "b" else P
+    product_n = n // 2 if epilogue == "dgated" else n
+    c_shape = (E, k, n) if mode == "varlen_k" else (P, n)
+
+    # The output: STORE/BIAS (and varlen K) in out_dtype; GATED/DGATED keep the operand dtype, as moekit's do.
+    out_dtype = DTYPES[case.get("out_dtype", case.get("dtype", "bf16"))] if epilogue in ("store", "bias") else dtype
+    direct = out_dtype == dtype or grouped_mm_takes_out_dtype(out_dtype, dtype, mode == "varlen_k")
+    dtype_name = str(out_dtype).replace("torch.", "")
+
+    def mm(a, b):
+        if out_dtype == dtype:
+            return torch._grouped_mm(a, b, offs=offs)
+        if direct:
+            return torch._grouped_mm(a, b, offs=offs, out_dtype=out_dtype)
+        return torch._grouped_mm(a, b, offs=offs).to(out_dtype)
+
+    if out_dtype == dtype:
+        note = "torch._grouped_mm"
+    elif direct:
+        note = f"torch._grouped_mm(out_dtype={dtype_name})"
+    else:
+        note = f"torch._grouped_mm in the operand dtype (this torch takes no out_dtype={dtype_name}), then .to()"
+    if beta:
+        note += (", then c.add_(product) into the random " + dtype_name + " c"
+                 + ("" if beta == 1 else f" after c.mul_({beta})") + f" (beta = {beta})")
+    note = ("rows gathered by index_select, then " if gather != "none" else "") + note
+
+    def accumulate(s, product):
+        """C = product + beta C where beta is nonzero (C starts random, as in moekit-bench)."""
+        if not beta:
+            return product
+        if beta != 1:
+            s["c"].mul_(beta)
+        return s["c"].add_(product)
+
+    def with_gathered(s):
+        s["a_rows"] = s["a"].index_select(0, token) if gather == "a" else s["a"]
+        s["b_rows"] = s["b"].index_select(0, token) if gather == "b" else s["b"]
 
     if mode == "varlen_k":
         def make_set():
-            return dict(a=uniform((T if gather == "a" else P, k), 1.0, dtype),
-                        b=uniform((T if gather == "b" else P, n), 1.0, dtype))
+            s = dict(a=uniform((a_rows, k), 1.0, dtype), b=uniform((b_rows, n), 1.0, dtype))
+            if beta:
+                s["c"] = uniform(c_shape, 1.0, out_dtype)
+            return s
 
         def call(s):
             a = s["a"].index_select(0, token) if gather == "a" else s["a"]
             b = s["b"].index_select(0, token) if gather == "b" else s["b"]
-            return torch._grouped_mm(a.t(), b, offs=offs)  # [E, k, n]
-        return make_set, call, 2 * ((T if gather == "a" else P) * k + (T if gather == "b" else P) * n + E * k * n)
+            return accumulate(s, mm(a.t(), b))  # [E, k, n]
 
-    product_n = n // 2 if epilogue == "dgated" else n
+        def alone(s):
+            return mm(s["a_rows"].t(), s["b_rows"])
+        set_bytes = 2 * (a_rows * k + b_rows * n) + (out_dtype.itemsize * E * k * n if beta else 0)
+        return GemmCase(make_set, call, set_bytes, note, with_gathered, alone)
 
     def make_set():
-        s = dict(a=uniform((T if gather == "a" else P, k), 1.0, dtype),
+        s = dict(a=uniform((a_rows, k), 1.0, dtype),
                  b=uniform((E, product_n, k) if layout == "nk" else (E, k, product_n), k ** -0.5, dtype))
         if epilogue == "bias":
             s["bias"] = uniform((E, n), 1.0, dtype)
         if epilogue == "dgated":
             s["h"] = uniform((P, n), 1.0, dtype)
+        if beta:
+            s["c"] = uniform(c_shape, 1.0, out_dtype)
         return s
+
+    def alone(s):
+        return mm(s["a_rows"], s["b"].transpose(-2, -1) if layout == "nk" else s["b"])
 
     def call(s):
         a = s["a"].index_select(0, token) if gather == "a" else s["a"]
         b = s["b"].transpose(-2, -1) if layout == "nk" else s["b"]
-        c = torch._grouped_mm(a, b, offs=offs)
+        c = mm(a, b)
         if epilogue == "bias":
-            return c + s["bias"].index_select(0, expert_of_row)
+            return accumulate(s, c + s["bias"].index_select(0, expert_of_row))
         if epilogue == "gated":
             gate, up = c.chunk(2, dim=-1)
             return c, F.silu(gate) * up
@@ -224,9 +326,15 @@ def gemm_case(case, dtype):
             da = row_scale.unsqueeze(1) * d_a
             dh = torch.cat([da * up * sig * (1 + gate * (1 - sig)), da * gate * sig], dim=-1).to(dtype)
             return dh, (row_scale.unsqueeze(1) * act).to(dtype), ds
-        return c
-    a_rows = T if gather == "a" else P
-    return make_set, call, 2 * (a_rows * k + E * product_n * k + P * n)
+        return accumulate(s, c)
+    if epilogue == "gated":
+        note += ", SwiGLU (F.silu(gate) * up)"
+    elif epilogue == "dgated":
+        note += ", the SwiGLU backward and the score reduction in eager fp32"
+    elif epilogue == "bias":
+        note += ", + bias[expert of the row]"
+    set_bytes = 2 * (a_rows * k + E * product_n * k + P * n) + (out_dtype.itemsize * P * n if beta else 0)
+    return GemmCase(make_set, call, set_bytes, note, with_gathered, alone)
 
 
 def model_flops(case):
@@ -253,12 +361,19 @@ def counts_of(case):
     return {key: case.get(key, DEFAULT_COUNTS[key]) for key in DEFAULT_COUNTS}
 
 
-def measure(case, compiled):
+def summary(medians, pooled):
+    return (statistics.median(pooled), min(pooled), max(pooled)), spread(medians)
+
+
+def measure(case, compiled, grouped_mm_alone):
+    """Times a case. Returns (median, min, max), spread %, counts, input sets, derivation, and a dict of the
+    record's extra fields (gemm: its note, and with grouped_mm_alone the timing of torch._grouped_mm alone)."""
     dtype = DTYPES[case.get("dtype", "bf16")]
     op = case["op"]
     counts = counts_of(case)
     torch.manual_seed(case.get("seed", 1))
     derived = ""
+    extra = {}
     if op.startswith("moe_") or op.startswith("sparse_ffn_"):
         make_set, forward, set_bytes = layer_case(case, dtype, compiled)
         sets = [make_set() for _ in range(rotation_sets(set_bytes))]
@@ -284,25 +399,36 @@ def measure(case, compiled):
     elif op == "gemm":
         if compiled:
             raise NotSupported("grouped GEMM cases run eager only")
-        make_set, call, set_bytes = gemm_case(case, dtype)
-        sets = [make_set() for _ in range(rotation_sets(set_bytes))]
-        call(sets[0])
-        medians, pooled = time_rounds(lambda i: call(sets[i]), len(sets), counts)
+        gemm = gemm_case(case, dtype)
+        sets = [gemm.make_set() for _ in range(rotation_sets(gemm.set_bytes))]
+        gemm.call(sets[0])
+        medians, pooled = time_rounds(lambda i: gemm.call(sets[i]), len(sets), counts)
         subtract, n_sets = None, len(sets)
+        extra["note"] = "times " + gemm.note
+        if grouped_mm_alone:
+            for s in sets:
+                gemm.with_gathered(s)
+            gemm.alone(sets[0])
+            (median, lo, hi), alone_spread = summary(*time_rounds(lambda i: gemm.alone(sets[i]), len(sets), counts))
+            flops = model_flops(case)
+            extra["grouped_mm_alone"] = {
+                "what": "the torch._grouped_mm call of the case alone, on rows gathered beforehand (untimed): no "
+                        "gather, no epilogue, no accumulation into C",
+                "time_us": {"median": median, "min": lo, "max": hi}, "spread_pct": alone_spread,
+                "tflops": flops / (median * 1e-6) / 1e12 if flops and median > 0 else None}
     else:
         raise NotSupported(f"no PyTorch-native counterpart of {op} here")
 
     if subtract is None:
-        time = (statistics.median(pooled), min(pooled), max(pooled))
-        spread_pct = spread(medians)
+        time, spread_pct = summary(medians, pooled)
     else:
         part = statistics.median(subtract[1])
         time = (statistics.median(pooled) - part, min(pooled) - part, max(pooled) - part)
         spread_pct = spread([a - b for a, b in zip(medians, subtract[0])])
-    return time, spread_pct, counts, n_sets, derived
+    return time, spread_pct, counts, n_sets, derived, extra
 
 
-def run_case(case, compiled, config_path):
+def run_case(case, compiled, config_path, grouped_mm_alone):
     backend = "pytorch-compile" if compiled else "pytorch-eager"
     record = {"name": case["name"], "op": case["op"], "backend": backend, "status": "ok", "message": "",
               "shape": " ".join(f"{k}={case[k]}" for k in ("tokens", "hidden", "intermediate", "experts", "top_k", "n",
@@ -310,8 +436,9 @@ def run_case(case, compiled, config_path):
                                                            "subsample") if k in case),
               "config": case}
     flops = model_flops(case)
+    extra = {}
     try:
-        (median, lo, hi), spread_pct, counts, sets, derived = measure(case, compiled)
+        (median, lo, hi), spread_pct, counts, sets, derived, extra = measure(case, compiled, grouped_mm_alone)
         tflops = flops / (median * 1e-6) / 1e12 if flops and median > 0 else None
         record.update(time_us={"median": median, "min": lo, "max": hi}, spread_pct=spread_pct,
                       timing={"method": "CUDA events around each call (torch.cuda.Event)", **counts,
@@ -326,9 +453,12 @@ def run_case(case, compiled, config_path):
     record.setdefault("tflops", None)
     record.update(bytes=None, gbps=None, baseline=None, ratio=None, check=None,
                   note="sparse_ffn_* cases time the dense SwiGLU FFN of width d_ff; flops are the sparse case's "
-                       "model FLOPs" if case["op"].startswith("sparse_ffn_") else "",
+                       "model FLOPs" if case["op"].startswith("sparse_ffn_") else extra.get("note", ""),
                   command=f"python3 bench/compare/torch_bench.py {config_path} --mode "
-                          f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'")
+                          f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'"
+                          + (" --grouped-mm-alone" if grouped_mm_alone else ""))
+    if "grouped_mm_alone" in extra:
+        record["grouped_mm_alone"] = extra["grouped_mm_alone"]
     return record
 
 
@@ -338,6 +468,9 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--mode", choices=("eager", "compile"), default="eager")
     parser.add_argument("--filter", default="")
+    parser.add_argument("--grouped-mm-alone", action="store_true",
+                        help="gemm cases: also time the torch._grouped_mm call alone (rows gathered beforehand, no "
+                             "epilogue, no accumulation), recorded as grouped_mm_alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_bench.py: needs a CUDA device")
@@ -364,7 +497,7 @@ def main():
             "command_line": " ".join(sys.argv)}
     results = []
     for i, case in enumerate(cases):
-        record = run_case(case, args.mode == "compile", args.config)
+        record = run_case(case, args.mode == "compile", args.config, args.grouped_mm_alone)
         median = record["time_us"]["median"]
         print(f"[{i + 1}/{len(cases)}] {case['name']}: "
               f"{f'{median:.2f} us' if median is not None else record['status']}", file=sys.stderr)
