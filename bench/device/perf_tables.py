@@ -4,7 +4,9 @@
 One section per config file (matched by the basename of meta.config): where and how each result file was made
 (date, commit, device, versions, ceilings, command line), then one row per case with moekit's median time and
 rate, its cuBLAS baseline (measured in the same run) and the ratio, the PyTorch eager and torch.compile times
-and moekit's speed-up over each, and for sonicmoe_fig14.json the SonicMoE paper's H100 TFLOP/s where quoted.
+and moekit's speed-up over each, the routing's rows per expert where a case of the config has skewed (lognormal)
+routing, torch._grouped_mm alone where the eager run timed it (torch_bench.py
+--grouped-mm-alone), and for sonicmoe_fig14.json the SonicMoE paper's H100 TFLOP/s where quoted.
 Every ratio is other time / moekit time: > 1 means moekit is faster.
 
 Several files of the same config and tool are merged by case name (the first file that has a case wins), so a
@@ -17,8 +19,8 @@ import json
 import os
 import sys
 
-# Config files in the order of issue 6; others follow in name order.
-CONFIG_ORDER = ("sonicmoe_fig14", "gemm", "sparse_ffn", "smoke")
+# Config files in the order of issue 6 (issue 7's GEMM rows after gemm.json); others follow in name order.
+CONFIG_ORDER = ("sonicmoe_fig14", "gemm", "gemm_issue7", "sparse_ffn", "smoke")
 MOEKIT = "moekit"
 TOOLS = {"cuda": MOEKIT, "reference": MOEKIT, "pytorch-eager": "eager", "pytorch-compile": "compile"}
 
@@ -39,6 +41,11 @@ SPARSE_FFN_NOTE = (
     "ratio is moekit's speed-up over dense PyTorch. For reference, the project's notes (PERF-NOTES.md) quote the "
     "EUGEN Triton sparse SwiGLU FFN at these shapes as 1.73-1.89x faster than the dense FFN forward and "
     "1.06-1.59x forward+backward (a range over the four shapes, not per shape).")
+GROUPED_MM_ALONE_NOTE = (
+    "grouped_mm: the torch._grouped_mm call of the case alone, from the PyTorch eager run with --grouped-mm-alone: "
+    "its rows gathered beforehand (untimed), no epilogue, no accumulation into C. The eager columns time the code a "
+    "user writes: gather (index_select), torch._grouped_mm, the epilogue in eager PyTorch (each record's note says "
+    "what exactly).")
 
 
 def load(paths):
@@ -105,6 +112,17 @@ def describe_meta(tool, meta):
     return line + f". Command: `{meta.get('command_line', '?')}`"
 
 
+def counts_text(record):
+    """moekit-bench's routing record as "min / max, N empty" rows per expert, or "-"."""
+    counts = ((record or {}).get("routing") or {}).get("counts")
+    return "-" if not counts else f"{counts['min']} / {counts['max']}, {counts['empty']} empty"
+
+
+def grouped_mm_alone(record):
+    """The eager record's timing of torch._grouped_mm alone, or None."""
+    return (record or {}).get("grouped_mm_alone") if median_us(record) is not None else None
+
+
 def sonicmoe_h100(record):
     config = (record or {}).get("config", {})
     key = tuple(config.get(k) for k in ("tokens", "hidden", "intermediate", "experts", "top_k"))
@@ -148,11 +166,18 @@ def section(config, runs, steps):
 
     rate_header = "TFLOP/s" if flop_rates else "rate"
     header = ["case"]
+    skewed = any(((r or {}).get("routing") or {}).get("kind") == "lognormal" for r in moekit_records)
     if MOEKIT in record:
         header += [f"moekit {unit}", f"moekit {rate_header}", "spread %", f"cuBLAS {unit}", "moekit vs cuBLAS"]
+        if skewed:
+            header.append("rows/expert min / max")
+    alone = "eager" in record and any(grouped_mm_alone(r) for r in record["eager"].values())
     for tool in ("eager", "compile"):
         if tool in record:
             header += [f"{tool} {unit}", f"{tool} {rate_header}"] + (["moekit vs " + tool] if MOEKIT in record else [])
+        if tool == "eager" and alone:
+            header += [f"grouped_mm {unit}", f"grouped_mm {rate_header}"] + (
+                ["moekit vs grouped_mm"] if MOEKIT in record else [])
     h100 = config == "sonicmoe_fig14"
     if h100:
         header.append("SonicMoE H100 TFLOP/s")
@@ -167,6 +192,8 @@ def section(config, runs, steps):
             row += [time_cell(mine), rate(mine), "-" if spread is None or median_us(mine) is None else f"{spread:.2f}",
                     "-" if base_us is None else duration(base_us),
                     "-" if mine is None or mine.get("ratio") is None else f"{mine['ratio']:.2f}"]
+            if skewed:
+                row.append(counts_text(mine))
         for tool in ("eager", "compile"):
             if tool not in record:
                 continue
@@ -175,6 +202,14 @@ def section(config, runs, steps):
             if MOEKIT in record:
                 a, b = median_us(mine), median_us(other)
                 row.append("-" if a is None or b is None or a <= 0 else f"{b / a:.2f}")
+            if tool == "eager" and alone:
+                timing = grouped_mm_alone(other)
+                b = None if timing is None else timing["time_us"]["median"]
+                row += ["-" if b is None else duration(b), "-" if b is None else rate(
+                    {"status": "ok", "time_us": timing["time_us"], "tflops": timing.get("tflops"), "gbps": None})]
+                if MOEKIT in record:
+                    a = median_us(mine)
+                    row.append("-" if a is None or b is None or a <= 0 else f"{b / a:.2f}")
         if h100:
             value = sonicmoe_h100(mine or next((record[t].get(name) for t in record if record[t].get(name)), None))
             row.append("-" if value is None else str(value))
@@ -190,6 +225,8 @@ def section(config, runs, steps):
         lines += ["", SONICMOE_NOTE]
     if config == "sparse_ffn" and ("eager" in record or "compile" in record):
         lines += ["", SPARSE_FFN_NOTE]
+    if alone:
+        lines += ["", GROUPED_MM_ALONE_NOTE]
     lines.append("")
     return lines
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """CTest bench_perf_tables: perf_tables.py on the hand-written fixtures here (moekit-bench's CUDA schema and
-torch_bench.py's), checked cell by cell."""
+torch_bench.py's, with and without --grouped-mm-alone), checked cell by cell."""
 import os
 import subprocess
 import sys
@@ -93,6 +93,49 @@ class PerfTables(unittest.TestCase):
         self.assertIn("| dispatch | 10.96 | 0.377 GB/s | 0.27 | - | - |", smoke)
         self.assertIn("| moe_forward | 226.0 | 0.000554 TFLOP/s | 10.27 | - | - |", smoke)
         self.assertNotIn("SonicMoE H100", smoke)
+
+
+class GemmIssue7Table(unittest.TestCase):
+    """gemm_issue7.json: after gemm.json's place, the routing counts of skewed configs, torch._grouped_mm alone."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.text = run(fixture("moekit_smoke_reference.json"), fixture("torch_eager_gemm_issue7.json"),
+                       fixture("moekit_gemm_issue7.json"), fixture("moekit_fig14.json"))
+        lines = cls.text[cls.text.index("gemm_issue7.json`"):].splitlines()
+        cls.columns = [c.strip() for c in next(l for l in lines if l.startswith("| case")).strip("| ").split(" | ")]
+        cls.rows = {l.split(" | ")[0][2:]: [c.strip() for c in l.strip("| ").split(" | ")]
+                    for l in lines if l.startswith("| gemm_")}
+
+    def cell(self, case, column):
+        return self.rows[case][self.columns.index(column)]
+
+    def test_order_and_columns(self):
+        self.assertLess(self.text.index("sonicmoe_fig14.json`"), self.text.index("gemm_issue7.json`"))
+        self.assertLess(self.text.index("gemm_issue7.json`"), self.text.index("smoke.json`"))
+        self.assertEqual(self.columns, ["case", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
+                                        "moekit vs cuBLAS", "rows/expert min / max", "eager ms", "eager TFLOP/s",
+                                        "moekit vs eager", "grouped_mm ms", "grouped_mm TFLOP/s",
+                                        "moekit vs grouped_mm"])
+        self.assertIn("grouped_mm: the torch._grouped_mm call of the case alone", self.text)
+
+    def test_cells(self):
+        up, skewed = "gemm_issue7_up_E128_r1024", "gemm_issue7_dw1_E128_r1024_skewed"
+        self.assertEqual(self.cell(up, "moekit ms"), "4.40")
+        self.assertEqual(self.cell(up, "moekit vs cuBLAS"), "0.68")
+        self.assertEqual(self.cell(up, "rows/expert min / max"), "949 / 1110, 0 empty")
+        self.assertEqual(self.cell(skewed, "rows/expert min / max"), "0 / 13834, 83 empty")
+        self.assertEqual(self.cell(up, "moekit vs eager"), "1.36")  # 6.00 / 4.40
+        self.assertEqual(self.cell(up, "grouped_mm ms"), "3.50")
+        self.assertEqual(self.cell(up, "grouped_mm TFLOP/s"), "628")
+        self.assertEqual(self.cell(up, "moekit vs grouped_mm"), "0.80")  # 3.50 / 4.40
+        self.assertEqual(self.cell(skewed, "grouped_mm ms"), "-")  # the eager record has no grouped_mm_alone
+        self.assertEqual(self.cell(skewed, "moekit vs grouped_mm"), "-")
+
+    def test_no_extra_columns_elsewhere(self):
+        fig14 = self.text[self.text.index("sonicmoe_fig14.json`"):self.text.index("gemm_issue7.json`")]
+        self.assertNotIn("grouped_mm", fig14)
+        self.assertNotIn("rows/expert", fig14)
 
 
 if __name__ == "__main__":
