@@ -74,7 +74,7 @@ bool wgmma_capable(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
                                                        : plain || d.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool dtype = d.dtype == MOEKIT_DTYPE_BF16 || d.dtype == MOEKIT_DTYPE_FP16;
   if (cc_major != 9 || cc_minor != 0 || !dtype) return false;
-  // varlen K copies both operands by cp.async, zero-filling past m and n: any shape the planner takes.
+  // varlen K: TMA and the cp.async copies zero-fill past m and n, so any shape the planner takes.
   if (d.mode == MOEKIT_GEMM_VARLEN_K) return d.epilogue == MOEKIT_EPILOGUE_STORE;
   return d.mode == MOEKIT_GEMM_VARLEN_M && epilogue && d.k > 0 && d.k % 64 == 0 && gemm_shape(d).n % 64 == 0;
 }
@@ -89,13 +89,12 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_mino
 
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
-  if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::mma_sync)) == 0) return GemmPath::mma_sync;
-  if (forced != nullptr && std::strcmp(forced, gemm_path_name(GemmPath::wgmma_pair)) == 0 &&
-      d.mode == MOEKIT_GEMM_VARLEN_M && wgmma_capable(d, cc_major, cc_minor))
-    return GemmPath::wgmma_pair;
-  const bool forced_wgmma = forced != nullptr && (std::strcmp(forced, gemm_path_name(GemmPath::wgmma)) == 0 ||
-                                                  std::strcmp(forced, gemm_path_name(GemmPath::wgmma_pair)) == 0);
-  if (forced_wgmma && wgmma_capable(d, cc_major, cc_minor)) return GemmPath::wgmma;
+  const auto is = [forced](GemmPath path) {
+    return forced != nullptr && std::strcmp(forced, gemm_path_name(path)) == 0;
+  };
+  if (is(GemmPath::mma_sync)) return GemmPath::mma_sync;
+  if ((is(GemmPath::wgmma) || is(GemmPath::wgmma_pair)) && wgmma_capable(d, cc_major, cc_minor))
+    return is(GemmPath::wgmma_pair) && d.mode == MOEKIT_GEMM_VARLEN_M ? GemmPath::wgmma_pair : GemmPath::wgmma;
   return choose_gemm_path(d, cc_major, cc_minor);
 }
 

@@ -37,6 +37,18 @@ __device__ __forceinline__ uint32_t kmajor_offset(int row, int chunk) {
   return static_cast<uint32_t>(row * 128 + ((chunk ^ (row & 7)) << 4));
 }
 
+// Byte offset of chunk `chunk` (8 values) of reduction row `k` in an MN-major tile of `width` values per row (the
+// wgmma kernel's blocks of 64 columns are the 128-byte-swizzle case).
+template <int width>
+__device__ __forceinline__ uint32_t mnmajor_offset(int k, int chunk) {
+  return static_cast<uint32_t>(k * width * 2 + ((chunk ^ (k & 7)) << 4));
+}
+
+// The tiles of a varlen-K product: one per group x m tile x n tile (C[e] is [m, n]).
+__host__ __device__ __forceinline__ int64_t varlen_k_tile_count(const GroupedGemmProblem& p, int64_t bm) {
+  return p.groups * ((p.m + bm - 1) / bm) * p.n_tiles;
+}
+
 // Where a logical column of the gated product lives in h / B. For a gated activation in the CONCAT layout the
 // product's columns are reordered in blocks of 16: 8 gate columns j..j+7 then the 8 up columns of the same j, so
 // that a fragment's gate and up values sit in one thread (and one 64-column warp tile).

@@ -80,12 +80,6 @@ struct TileFor<GemmTile::m128_n128> {
   using type = TileConfig<128, 128, 2, 4, 4>;
 };
 
-// Byte offset of chunk `chunk` (8 values) of reduction row `k` in an MN-major tile of `width` values per row.
-template <int width>
-__device__ __forceinline__ uint32_t mnmajor_offset(int k, int chunk) {
-  return static_cast<uint32_t>(k * width * 2 + ((chunk ^ (k & 7)) << 4));
-}
-
 // ------------------------------------------------------------------------------------------------------------
 // The kernel
 // ------------------------------------------------------------------------------------------------------------
@@ -406,8 +400,7 @@ template <int32_t Dtype, GemmTile Tile, Operands Op>
 void launch_gemm_tiles(const GroupedGemmProblem& p, cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename TileFor<Tile>::type;
-  const int64_t blocks =
-      p.mode == MOEKIT_GEMM_VARLEN_K ? p.groups * ((p.m + Cfg::bm - 1) / Cfg::bm) * p.n_tiles : p.m_tiles * p.n_tiles;
+  const int64_t blocks = p.mode == MOEKIT_GEMM_VARLEN_K ? varlen_k_tile_count(p, Cfg::bm) : p.m_tiles * p.n_tiles;
   if (blocks == 0) return;
   auto kernel = grouped_gemm_kernel<T, Cfg, Op>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),

@@ -119,7 +119,7 @@ __device__ __forceinline__ WgmmaTile wgmma_tile_at(const GroupedGemmProblem& p, 
 // The number of tiles the persistent walk covers.
 template <bool varlen_k, int BM>
 __device__ __forceinline__ int64_t wgmma_tile_count(const GroupedGemmProblem& p) {
-  if constexpr (varlen_k) return p.groups * ((p.m + BM - 1) / BM) * p.n_tiles;
+  if constexpr (varlen_k) return varlen_k_tile_count(p, BM);
   return static_cast<int64_t>(*p.tile_count) * p.n_tiles;
 }
 
@@ -227,7 +227,7 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
       const bool row_ok = r < t.row_end;
       const T* a_row = a_base + (gather_a ? sources[i] : r) * p.lda + t.m0 + 8 * chunk;
       const T* b_row = b_base + (gather_b ? sources[i] : r) * p.ldb + n0 + 8 * chunk;
-      const uint32_t line = row * 128 + ((chunk ^ (row % 8)) * 16);
+      const uint32_t line = mnmajor_offset<64>(row, chunk);
       const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + line;
       const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + line;
       if (copy_a) {
@@ -513,8 +513,7 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, i
                         cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
-  const int64_t bound = Op == Operands::varlen_k ? p.groups * ((p.m + Cfg::bm - 1) / Cfg::bm) * p.n_tiles
-                                                 : p.m_tiles * p.n_tiles;
+  const int64_t bound = Op == Operands::varlen_k ? varlen_k_tile_count(p, Cfg::bm) : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
   auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
