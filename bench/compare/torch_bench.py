@@ -273,9 +273,12 @@ def gemm_case(case, dtype):
             s["c"].mul_(beta)
         return s["c"].add_(product)
 
+    def rows(s, operand):
+        """Operand "a" or "b" of set s, its rows gathered by token when the case gathers it."""
+        return s[operand].index_select(0, token) if gather == operand else s[operand]
+
     def with_gathered(s):
-        s["a_rows"] = s["a"].index_select(0, token) if gather == "a" else s["a"]
-        s["b_rows"] = s["b"].index_select(0, token) if gather == "b" else s["b"]
+        s["a_rows"], s["b_rows"] = rows(s, "a"), rows(s, "b")
 
     if mode == "varlen_k":
         def make_set():
@@ -285,9 +288,7 @@ def gemm_case(case, dtype):
             return s
 
         def call(s):
-            a = s["a"].index_select(0, token) if gather == "a" else s["a"]
-            b = s["b"].index_select(0, token) if gather == "b" else s["b"]
-            return accumulate(s, mm(a.t(), b))  # [E, k, n]
+            return accumulate(s, mm(rows(s, "a").t(), rows(s, "b")))  # [E, k, n]
 
         def alone(s):
             return mm(s["a_rows"].t(), s["b_rows"])
@@ -309,9 +310,8 @@ def gemm_case(case, dtype):
         return mm(s["a_rows"], s["b"].transpose(-2, -1) if layout == "nk" else s["b"])
 
     def call(s):
-        a = s["a"].index_select(0, token) if gather == "a" else s["a"]
         b = s["b"].transpose(-2, -1) if layout == "nk" else s["b"]
-        c = mm(a, b)
+        c = mm(rows(s, "a"), b)
         if epilogue == "bias":
             return accumulate(s, c + s["bias"].index_select(0, expert_of_row))
         if epilogue == "gated":
