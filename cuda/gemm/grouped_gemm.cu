@@ -126,28 +126,30 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
                                      : launcher_for_operands<Dtype, GemmTile::m128_n128>(op);
 }
 
-// The sm_90a path: the TMA map (built here on the host, per call: operands move between calls) of the weight
-// operand for varlen M, of the operand that is not gathered for varlen K, and the persistent kernel, one CTA per
-// SM at most.
+// The sm_90a path: the TMA maps (built here on the host, per call: operands move between calls) of the weight
+// operand and of an A that is not gathered for varlen M, of the operand that is not gathered for varlen K, and the
+// persistent kernel, one CTA per SM at most.
 template <int32_t Dtype, GemmTile Tile>
-void launch_wgmma_operands(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
+void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                            cudaStream_t stream) {
   if (p.mode == MOEKIT_GEMM_VARLEN_K)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, b_map, sm_count, false, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, false, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, b_map, sm_count, paired, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, maps, sm_count, paired, stream);
   else
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, b_map, sm_count, paired, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, paired, stream);
 }
 
 void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaStream_t stream) {
-  CUtensorMap b_map{};
+  WgmmaOperandMaps maps{};
   if (p.mode == MOEKIT_GEMM_VARLEN_M) {
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
     const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(gemm_tile_shape(tile).bn / 2);
-    b_map = make_weight_tensor_map(p, box_rows);
+    maps.b = make_weight_tensor_map(p, box_rows);
+    if (p.gather != MOEKIT_GEMM_GATHER_A && p.rows > 0)
+      maps.a = make_activation_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bm));
   } else if (p.rows > 0) {
-    b_map = make_reduction_rows_tensor_map(p);
+    maps.b = make_reduction_rows_tensor_map(p);
   }
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
@@ -155,14 +157,14 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
   if (tile == GemmTile::m128_n256) {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, b_map, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, sm_count, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, b_map, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, sm_count, paired, stream);
   } else {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, b_map, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, sm_count, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, b_map, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, sm_count, paired, stream);
   }
 }
 

@@ -22,17 +22,24 @@ namespace gemm {
 // (cudaGetDriverEntryPointByVersion), so nothing links libcuda. Throws on a descriptor the driver refuses.
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows);
 
+// The TMA map of varlen M's A [rows, k] when it is not gathered, as rank 3 (k, rows, 1): boxes of 64 x
+// `box_rows` (a whole row tile) in the 128-byte swizzle, zeros past the last row.
+CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // The TMA map of varlen K's operand that is not gathered (B [rows, n], or A [rows, m] when B is gathered) as rank 3
 // (columns, rows, 1), boxes of 64 columns x 64 reduction rows: each box one 8 KiB block of the MN-major layout.
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p);
 
+// The TMA maps the persistent wgmma kernel reads, one kernel parameter.
+struct WgmmaOperandMaps {
+  CUtensorMap b;  // varlen M: B's; varlen K: that of the operand that is not gathered
+  CUtensorMap a;  // varlen M with A not gathered: A's (make_activation_tensor_map); unused otherwise
+};
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to
-// pairs) clusters of 2 CTAs sharing the B tile by multicast. `b_map`: B's map for varlen M, that of the operand
-// that is not gathered for varlen K. One instantiation per translation unit
+// pairs) clusters of 2 CTAs sharing the B tile by multicast. One instantiation per translation unit
 // (instantiations/grouped_gemm_wgmma_<nk|kn|vk>_<dtype>_<tile>.cu).
 template <int32_t Dtype, GemmTile Tile, Operands Op>
-void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
+void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream);
 
 }  // namespace gemm

@@ -11,9 +11,11 @@
 //   producer (warpgroup 0, registers given away): per 64-deep reduction slice, B's BN x 64 tile by TMA (NK: two
 //     boxes of BN/2 rows, for GATED CONCAT the gate rows j0.. and the up rows act_width + j0..; KN: BN/64 boxes
 //     of 64 reduction rows x 64 columns, each one 8 KiB block of the MN-major layout) and A's 128 x 64
-//     tile by 16-byte cp.async from the tile's (gathered) rows, whose indices it first loads into registers;
-//     rows past the tile's group are zero-filled and never read. Both land in the 128-byte swizzle and complete
-//     on the slot's `full` mbarrier (TMA bytes + one cp.async arrival per producer thread). varlen K: per
+//     tile: gathered, by 16-byte cp.async from the tile's rows, whose indices it first loads into registers, rows
+//     past the tile's group zero-filled and never read; not gathered, by one TMA box of the tile's 128 rows (rows
+//     past the group are the next group's, read but never stored: an output row depends on its A row only). Both
+//     land in the 128-byte swizzle and complete on the slot's `full` mbarrier (TMA bytes + one cp.async arrival
+//     per producer thread; all TMA: thread 0's arrival only). varlen K: per
 //     64-row reduction slice, the operand that is not gathered by TMA (8 KiB MN-major boxes of 64 rows x 64
 //     columns) when the slice lies wholly inside the group, and the gathered one (or, in the group's last partial
 //     slice, both) by cp.async: each octet of producer threads copies whole 128-byte lines of 4 reduction rows into
@@ -52,8 +54,12 @@ struct WgmmaTileConfig {
   static constexpr int stages = 4;
   static constexpr int consumer_warpgroups = 2;
   static constexpr int threads = 128 * (1 + consumer_warpgroups);
-  static constexpr int producer_registers = 40;
-  static constexpr int consumer_registers = 232;
+  // What each thread holds at launch (one CTA per SM): the register file over the threads, in steps of 8.
+  static constexpr int launch_registers = 65536 / threads / 8 * 8;
+  // Registers per thread after setmaxnreg, by operand layout (the sums stay within the launch's):
+  // varlen M's producer walks two ways (all-TMA or cp.async), which spill in 40; varlen K's consumers use 232.
+  __host__ __device__ static constexpr int producer_registers(bool varlen_k) { return varlen_k ? 40 : 56; }
+  __host__ __device__ static constexpr int consumer_registers(bool varlen_k) { return varlen_k ? 232 : 224; }
   static constexpr int a_stage_bytes = bm * bk * 2;
   static constexpr int b_stage_bytes = bn * bk * 2;
   static constexpr int b_box_rows = bn / 2;                 // NK boxes
@@ -76,8 +82,11 @@ struct WgmmaTileConfig {
   static_assert(BN % chunk_columns == 0, "the epilogue stages whole 64-column chunks");
   static_assert(barrier_offset % 8 == 0, "mbarriers are 8-byte aligned");
   static_assert(shared_bytes <= 227 * 1024, "one CTA fits the opt-in shared memory of an sm_90 SM");
-  static_assert(producer_registers * 128 + consumer_registers * 128 * consumer_warpgroups <= 65536,
-                "the warpgroups' registers fit the register file");
+  static_assert(producer_registers(true) + consumer_registers(true) * consumer_warpgroups <=
+                        launch_registers * (1 + consumer_warpgroups) &&
+                    producer_registers(false) + consumer_registers(false) * consumer_warpgroups <=
+                        launch_registers * (1 + consumer_warpgroups),
+                "setmaxnreg moves registers between the warpgroups, never more than the launch gave them");
 };
 
 template <GemmTile Tile>
@@ -250,14 +259,104 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   }
 }
 
+// varlen M, the producer warpgroup's part of tile t: per 64-deep slice, B's tile by TMA (thread 0; paired, this
+// CTA's half multicast to both CTAs) and A's 128 x 64 tile — by one TMA box from thread 0 when A is not gathered
+// (the only thread that walks then), else by 16-byte cp.async of every thread from the rows' sources, loaded once
+// per tile. `it` counts ring uses across tiles.
+template <class T, class Cfg, bool b_mn_major>
+__device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps,
+                                                     const WgmmaTile& t, int64_t slices, bool a_by_tma,
+                                                     bool concat_pairs, bool paired, uint32_t rank, uint32_t smem_a,
+                                                     uint32_t smem_b, uint32_t full_bars, uint32_t empty_bars,
+                                                     int wg_tid, uint32_t& it) {
+  constexpr int BM = Cfg::bm, BN = Cfg::bn, BK = Cfg::bk, S = Cfg::stages;
+  const auto b_first = static_cast<int32_t>(concat_pairs ? t.n_tile * (BN / 2) : t.n_tile * BN);
+  const auto b_second = static_cast<int32_t>(concat_pairs ? p.act_width + t.n_tile * (BN / 2) : b_first + BN / 2);
+  const auto group = static_cast<int32_t>(t.group);
+  // B's slice k0 into ring slot `slot`, completing on `full` (thread 0).
+  const auto load_b = [&](uint32_t slot, uint32_t full, int32_t k0) {
+    const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
+    if (paired) {
+      // This CTA's half of the B tile, to the same offsets of both CTAs.
+      if constexpr (b_mn_major) {
+#pragma unroll
+        for (int i = 0; i < BN / 128; ++i) {
+          const int block = static_cast<int>(rank) * (BN / 128) + i;
+          tma_load_3d_multicast(b_slot + block * Cfg::mn_block_bytes, &maps.b, full, b_first + 64 * block, k0, group,
+                                0x3);
+        }
+      } else {
+        tma_load_3d_multicast(b_slot + rank * (Cfg::b_stage_bytes / 2), &maps.b, full, k0,
+                              rank == 0 ? b_first : b_second, group, 0x3);
+      }
+    } else if constexpr (b_mn_major) {
+#pragma unroll
+      for (int block = 0; block < BN / 64; ++block)
+        tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &maps.b, full, b_first + 64 * block, k0, group);
+    } else {
+      tma_load_3d(b_slot, &maps.b, full, k0, b_first, group);
+      tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &maps.b, full, k0, b_second, group);
+    }
+  };
+  if (a_by_tma) {
+    const auto row0 = static_cast<int32_t>(t.row_begin);
+    for (int64_t s = 0; s < slices; ++s, ++it) {
+      const uint32_t slot = it % S, parity = (it / S) & 1;
+      mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+      const uint32_t full = full_bars + 8 * slot;
+      const auto k0 = static_cast<int32_t>(s * BK);
+      // Paired: half of B from this CTA, half from the peer.
+      mbarrier_arrive_expect_tx(full, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
+      tma_load_3d(smem_a + slot * Cfg::a_stage_bytes, &maps.a, full, k0, row0, 0);
+      load_b(slot, full, k0);
+    }
+    return;
+  }
+  const T* a_base = static_cast<const T*>(p.a);
+  const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A;
+  const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
+  // The source rows of this thread's 8 rows of the tile (-1 past the group), the same for every slice.
+  int32_t sources[BM / 16];
+#pragma unroll
+  for (int i = 0; i < BM / 16; ++i) {
+    const int64_t r = t.row_begin + wg_tid / 8 + 16 * i;
+    sources[i] =
+        r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
+  }
+  for (int64_t s = 0; s < slices; ++s, ++it) {
+    const uint32_t slot = it % S, parity = (it / S) & 1;
+    mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+    const uint32_t full = full_bars + 8 * slot;
+    const auto k0 = static_cast<int32_t>(s * BK);
+    if (wg_tid == 0) {
+      // Paired: half from this CTA, half from the peer.
+      mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
+      load_b(slot, full, k0);
+    }
+    const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
+#pragma unroll
+    for (int i = 0; i < BM / 16; ++i) {
+      const int row = wg_tid / 8 + 16 * i;
+      const int32_t src = sources[i];
+      const bool ok = src >= 0;
+      const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
+      cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
+    }
+    mbarrier_arrive_on_cp_async(full);
+  }
+}
+
 template <class T, class Cfg, Operands Op>
 __global__ void __launch_bounds__(Cfg::threads, 1)
-    grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ CUtensorMap b_map) {
+    grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ WgmmaOperandMaps maps) {
 #if MOEKIT_SM90A_ENABLED
   constexpr int BM = Cfg::bm, BN = Cfg::bn, BK = Cfg::bk, S = Cfg::stages;
   constexpr bool varlen_k = Op == Operands::varlen_k;
   constexpr bool a_mn_major = varlen_k;
   constexpr bool b_mn_major = Op != Operands::varlen_m_nk;
+  // Varlen M with A not gathered: A by TMA too (the producer's issue rate and the cp.async latency bound the
+  // gathered kernel; TMA boxes take neither).
+  const bool a_by_tma = !varlen_k && p.gather != MOEKIT_GEMM_GATHER_A;
   extern __shared__ __align__(1024) unsigned char shared[];
   const uint32_t smem = shared_address(shared);
   const uint32_t smem_a = smem + Cfg::a_offset;
@@ -279,13 +378,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     if ((smem & 1023) != 0) __trap();
 #pragma unroll
     for (int s = 0; s < S; ++s) {
-      mbarrier_init(full_bars + 8 * s, 128 + 1);
+      mbarrier_init(full_bars + 8 * s, a_by_tma ? 1 : 128 + 1);
       // Unpaired: every consumer thread arrives; paired: one arrival per consumer warp of either CTA.
       mbarrier_init(empty_bars + 8 * s, paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * Cfg::consumer_warpgroups);
     }
     mbarrier_init_fence();
     // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
-    if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&b_map);
+    if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&maps.b);
+    if (a_by_tma) tma_prefetch_descriptor(&maps.a);
   }
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
@@ -314,74 +414,23 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
   if (warpgroup == 0) {
     // ---- Producer ----
-    setmaxnreg_dec<Cfg::producer_registers>();
-    const T* a_base = static_cast<const T*>(p.a);
-    const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A;
-    const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
+    setmaxnreg_dec<Cfg::producer_registers(varlen_k)>();
     uint32_t it = 0;
-    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+    // All TMA: thread 0 loads every slot; the rest of the warpgroup has nothing to do.
+    const int64_t walk_end = a_by_tma && wg_tid != 0 ? 0 : units;
+    for (int64_t unit = first_unit; unit < walk_end; unit += unit_step) {
       const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
-        load_varlen_k_slices<T, Cfg>(p, &b_map, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
+        load_varlen_k_slices<T, Cfg>(p, &maps.b, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
       } else {
-        // The source rows of this thread's 8 rows of the tile (-1 past the group), the same for every slice.
-        int32_t sources[BM / 16];
-#pragma unroll
-        for (int i = 0; i < BM / 16; ++i) {
-          const int64_t r = t.row_begin + wg_tid / 8 + 16 * i;
-          sources[i] =
-              r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
-        }
-        const auto b_first = static_cast<int32_t>(concat_pairs ? t.n_tile * (BN / 2) : t.n_tile * BN);
-        const auto b_second = static_cast<int32_t>(concat_pairs ? p.act_width + t.n_tile * (BN / 2) : b_first + BN / 2);
-        for (int64_t s = 0; s < slices; ++s, ++it) {
-          const uint32_t slot = it % S, parity = (it / S) & 1;
-          mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
-          const uint32_t full = full_bars + 8 * slot;
-          const auto k0 = static_cast<int32_t>(s * BK);
-          if (wg_tid == 0) {
-            const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
-            const auto group = static_cast<int32_t>(t.group);
-            mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);  // paired: half from this CTA, half from the peer
-            if (paired) {
-              // This CTA's half of the B tile, to the same offsets of both CTAs.
-              if constexpr (b_mn_major) {
-#pragma unroll
-                for (int i = 0; i < BN / 128; ++i) {
-                  const int block = static_cast<int>(rank) * (BN / 128) + i;
-                  tma_load_3d_multicast(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0,
-                                        group, 0x3);
-                }
-              } else {
-                tma_load_3d_multicast(b_slot + rank * (Cfg::b_stage_bytes / 2), &b_map, full, k0,
-                                      rank == 0 ? b_first : b_second, group, 0x3);
-              }
-            } else if constexpr (b_mn_major) {
-#pragma unroll
-              for (int block = 0; block < BN / 64; ++block)
-                tma_load_3d(b_slot + block * Cfg::mn_block_bytes, &b_map, full, b_first + 64 * block, k0, group);
-            } else {
-              tma_load_3d(b_slot, &b_map, full, k0, b_first, group);
-              tma_load_3d(b_slot + Cfg::b_stage_bytes / 2, &b_map, full, k0, b_second, group);
-            }
-          }
-          const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
-#pragma unroll
-          for (int i = 0; i < BM / 16; ++i) {
-            const int row = wg_tid / 8 + 16 * i;
-            const int32_t src = sources[i];
-            const bool ok = src >= 0;
-            const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
-            cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
-          }
-          mbarrier_arrive_on_cp_async(full);
-        }
+        load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs, paired, rank, smem_a,
+                                                 smem_b, full_bars, empty_bars, wg_tid, it);
       }
     }
   } else {
     // ---- Consumers ----
-    setmaxnreg_inc<Cfg::consumer_registers>();
+    setmaxnreg_inc<Cfg::consumer_registers(varlen_k)>();
     const int consumer = warpgroup - 1;
     float* staging = reinterpret_cast<float*>(shared + Cfg::staging_offset) + consumer * 64 * Cfg::staging_pitch;
     const DeviceActivation act{p.activation, p.glu_limit};
@@ -413,7 +462,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         const uint32_t slot = it % S, parity = (it / S) & 1;
         mbarrier_wait(full_bars + 8 * slot, parity);
         // NOTE: A arrived by cp.async (generic proxy); wgmma reads shared memory through the async proxy.
-        fence_proxy_async_shared();
+        if (!a_by_tma) fence_proxy_async_shared();
         // K-major A: this consumer's 64 rows of 128 bytes; MN-major A (varlen K): its 8 KiB block of 64 columns.
         const uint32_t a_tile =
             smem_a + slot * Cfg::a_stage_bytes + consumer * (a_mn_major ? Cfg::mn_block_bytes : 64 * 128);
@@ -509,7 +558,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
 template <int32_t Dtype, GemmTile Tile, Operands Op>
-void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, int sm_count, bool paired,
+void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
@@ -520,7 +569,7 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, i
              "grouped GEMM (wgmma): shared memory opt-in");
   if (!paired || Op == Operands::varlen_k) {
     const int64_t blocks = bound < sm_count ? bound : sm_count;
-    kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, b_map);
+    kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, maps);
     check_launch("grouped GEMM (wgmma): tile kernel");
     return;
   }
@@ -543,7 +592,7 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const CUtensorMap& b_map, i
   const int64_t units = (p.m_tiles + 1) / 2 * p.n_tiles;
   const int64_t clusters = units < resident ? units : (resident > 0 ? resident : 1);
   config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
-  check_cuda(cudaLaunchKernelEx(&config, kernel, p, b_map), "grouped GEMM (wgmma): paired tile kernel");
+  check_cuda(cudaLaunchKernelEx(&config, kernel, p, maps), "grouped GEMM (wgmma): paired tile kernel");
 }
 
 }  // namespace gemm

@@ -64,6 +64,13 @@ CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
   return encode_map(p.dtype, p.b, dims, strides, box_rows);
 }
 
+CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows) {
+  const auto ld = static_cast<cuuint64_t>(p.lda) * element_bytes;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.rows), 1};
+  const cuuint64_t strides[2] = {ld, ld * static_cast<cuuint64_t>(p.rows)};
+  return encode_map(p.dtype, p.a, dims, strides, box_rows);
+}
+
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {
   // B [rows, n] unless B is the gathered operand, then A [rows, m]: (columns, rows, 1).
   const bool b = p.gather != MOEKIT_GEMM_GATHER_B;

@@ -4,4 +4,5 @@
 
 template void moekit::cuda::gemm::launch_wgmma_tiles<MOEKIT_DTYPE_FP16, moekit::GemmTile::m128_n256,
                                                      moekit::cuda::gemm::Operands::varlen_m_kn>(
-    const moekit::cuda::gemm::GroupedGemmProblem&, const CUtensorMap&, int, bool, cudaStream_t);
+    const moekit::cuda::gemm::GroupedGemmProblem&, const moekit::cuda::gemm::WgmmaOperandMaps&, int, bool,
+    cudaStream_t);
