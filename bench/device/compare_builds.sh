@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# There (the GPU machine, from the repository root): one bench config under two or more moekit-bench builds, the
+# builds taking turns ROUNDS times (default 3) so that clock and thermal drift over the minutes of a call spreads
+# over all of them; each case's rate is the median of its rounds — how a kernel change is judged against the
+# build before it (a single run of each differs by up to ~5-10% on the H200 from call to call).
+#   bench/device/compare_builds.sh CONFIG REGEX BENCH [BENCH ...]
+# CONFIG: a bench config; REGEX: moekit-bench's --filter ('' for every case); BENCH: moekit-bench executables, the
+# first the baseline. Env MOEKIT_GEMM_PATH etc. pass through. stdout and $OUT/builds.md: a Markdown table of each
+# case's median TFLOP/s (or GB/s) per build, the ratio to the first, and the first build's cuBLAS baseline;
+# $OUT/builds.tgz: every run's JSON and log.
+set -uo pipefail
+config=${1:?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
+filter=${2?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
+shift 2
+benches=()
+for b in "$@"; do benches+=("$(realpath "$b")"); done
+rounds=${ROUNDS:-3}
+out=${OUT:-/tmp/moekit-builds-out}
+runs=$(mktemp -d)
+mkdir -p "$out"
+for ((r = 0; r < rounds; ++r)); do
+  for i in "${!benches[@]}"; do
+    args=("$config" --backend cuda --out "$runs/b${i}_r$r.json")
+    [[ -n $filter ]] && args+=(--filter "$filter")
+    "${benches[$i]}" "${args[@]}" >"$runs/b${i}_r$r.log" 2>&1
+    echo "round $r build $i (${benches[$i]}): moekit-bench exit $?" >&2
+  done
+done
+python3 - "$runs" "${#benches[@]}" "$rounds" "${benches[@]}" <<'PY' | tee "$out/builds.md"
+import json, os, statistics, sys
+
+runs, count, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+names = sys.argv[4:]
+rates = [{} for _ in range(count)]  # build -> case -> [rates]
+baseline = {}
+order = []
+for i in range(count):
+    for r in range(rounds):
+        path = os.path.join(runs, f"b{i}_r{r}.json")
+        if not os.path.exists(path):
+            continue
+        for case in json.load(open(path))["cases"]:
+            name = case["name"]
+            if name not in order:
+                order.append(name)
+            rate = (case.get("tflops") or case.get("gbps")) if case.get("status") == "ok" else None
+            if rate is not None:
+                rates[i].setdefault(name, []).append(rate)
+            base = (case.get("baseline") or {}).get("tflops")
+            if i == 0 and base is not None:
+                baseline.setdefault(name, []).append(base)
+print("| case | " + " | ".join(f"build {i}" for i in range(count)) + " | "
+      + " | ".join(f"build {i} / build 0" for i in range(1, count)) + " | cuBLAS (build 0's runs) |")
+print("|---" * (2 * count + 1) + "|")
+med = lambda xs: statistics.median(xs) if xs else None
+for name in order:
+    m = [med(rates[i].get(name, [])) for i in range(count)]
+    cells = [f"{v:.0f}" if v else "-" for v in m]
+    ratios = [f"{m[i] / m[0]:.3f}" if m[i] and m[0] else "-" for i in range(1, count)]
+    b = med(baseline.get(name, []))
+    base_cell = f"{b:.0f}" if b else "-"
+    print(f"| {name} | " + " | ".join(cells + ratios + [base_cell]) + " |")
+print()
+for i, n in enumerate(names):
+    print(f"build {i}: {n}; medians of {rounds} rounds, builds taking turns")
+PY
+tar -czf "$out/builds.tgz" -C "$runs" .
