@@ -8,7 +8,7 @@
 # "memcheck racecheck initcheck") and PROGRAMS (a glob, default "moekit_gpu_test_*") narrow a run.
 # Every log ends up in $OUT/logs.tgz (the device tool returns only a few files per call).
 # BIN_DIR holds the moekit_gpu_test_* and moekit_time_* executables (a build dir's tests/gpu and bench/micro
-# outputs), or tests/gpu/stage_for_device.sh's executables.tgz of them, unpacked here first.
+# outputs), or tests/gpu/stage_for_device.sh's executables.txz of them, unpacked here first.
 set -uo pipefail
 bin=${1:?usage: run_on_device.sh BIN_DIR [tests|sanitize|timing|all]}
 what=${2:-all}
@@ -16,9 +16,9 @@ spec=${3:-[sanitize]}
 sanitize_timeout=${SANITIZE_TIMEOUT:-240}
 out=${OUT:-/tmp/moekit-device-out}
 mkdir -p "$out"
-if [[ -f $bin/executables.tgz ]]; then
-  tar -xzf "$bin/executables.tgz" -C "$bin"
-  rm "$bin/executables.tgz"
+if [[ -f $bin/executables.txz ]]; then
+  tar -xJf "$bin/executables.txz" -C "$bin"
+  rm "$bin/executables.txz"
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/device.txt"
 status=0
