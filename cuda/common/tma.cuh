@@ -1,6 +1,7 @@
-// Tensor Memory Accelerator loads (sm_90): one thread asks for a box of a tensor described by a CUtensorMap
-// (built on the host, passed as a __grid_constant__ kernel parameter); the box lands in shared memory in the
-// map's swizzle, elements outside the tensor are filled with zeros, and the bytes complete on an mbarrier.
+// Tensor Memory Accelerator copies (sm_90): one thread asks for a box of a tensor described by a CUtensorMap
+// (built on the host, passed as a __grid_constant__ kernel parameter). Loads land in shared memory in the map's
+// swizzle, elements outside the tensor are filled with zeros, and the bytes complete on an mbarrier; stores write
+// the box's elements inside the tensor and complete in bulk async-groups.
 #pragma once
 
 #include <cuda.h>
@@ -36,6 +37,31 @@ __device__ __forceinline__ void tma_load_3d_multicast(uint32_t dst, const CUtens
       " [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(dst),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(x), "r"(y), "r"(z), "r"(bar), "h"(cta_mask)
       : "memory");
+}
+
+// Stores shared `src` (in the map's swizzle) to the box at coordinates (x, y, z) of a rank-3 map; elements outside
+// the tensor are not written. Completes in the issuing thread's bulk async-group (bulk_commit_group).
+// NOTE: no evict-first L2 hint: with one (createpolicy evict_first), the grouped GEMM's stores ran 5-15% slower.
+__device__ __forceinline__ void tma_store_3d(const CUtensorMap* map, uint32_t src, int32_t x, int32_t y, int32_t z) {
+  asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];\n" ::"l"(
+                   reinterpret_cast<uint64_t>(map)),
+               "r"(src), "r"(x), "r"(y), "r"(z)
+               : "memory");
+}
+
+// Closes the thread's bulk async-group of the stores issued since the last one.
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+
+// Waits until at most `pending` of the thread's bulk async-groups still read their shared memory sources.
+template <int pending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(pending) : "memory");
+}
+
+// Waits until at most `pending` of the thread's bulk async-groups are incomplete (their writes done).
+template <int pending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(pending) : "memory");
 }
 
 }  // namespace cuda

@@ -151,6 +151,8 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }
+  maps.c_by_tma = output_by_tma(p);
+  if (maps.c_by_tma) maps.c = make_output_tensor_map(p);
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
   check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");

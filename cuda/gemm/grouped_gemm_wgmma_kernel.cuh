@@ -21,7 +21,9 @@
 //     slice, both) by cp.async: each octet of producer threads copies whole 128-byte lines of 4 reduction rows into
 //     the same MN-major blocks, from the row's source; rows past the group's end are zero-filled.
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
-//     descriptors, then release the slot on its `empty` mbarrier; after the last slice the accumulators go
+//     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
+//     into C of the operand dtype (WgmmaOperandMaps::c_by_tma) rounds its values into 64 x 64 boxes in shared
+//     memory that TMA stores write while the consumers go on (store_tile_by_tma); every other product goes
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
 //
 // Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
@@ -81,6 +83,8 @@ struct WgmmaTileConfig {
   static_assert(bm == 128, "an octet of producer threads copies 16-row strides of the tile");
   static_assert(BN % chunk_columns == 0, "the epilogue stages whole 64-column chunks");
   static_assert(barrier_offset % 8 == 0, "mbarriers are 8-byte aligned");
+  static_assert(2 * 64 * 64 * 2 <= staging_bytes && staging_offset % 1024 == 0 && staging_bytes % 1024 == 0,
+                "a consumer's staging rows hold its two 1024-byte aligned TMA store boxes");
   static_assert(shared_bytes <= 227 * 1024, "one CTA fits the opt-in shared memory of an sm_90 SM");
   static_assert(producer_registers(true) + consumer_registers(true) * consumer_warpgroups <=
                         launch_registers * (1 + consumer_warpgroups) &&
@@ -346,6 +350,66 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
   }
 }
 
+// Stores 4 bytes at shared address `address ^ flip`. NOTE: the XOR sits inside the asm: written in C++, the
+// compiler kept one precomputed address per flip across the whole tile walk, and those spilled.
+__device__ __forceinline__ void store_shared_flipped(uint32_t address, uint32_t flip, uint32_t value) {
+  asm volatile(
+      "{\n .reg .b32 flipped;\n xor.b32 flipped, %0, %2;\n st.shared.b32 [flipped], %1;\n}\n" ::"r"(address),
+      "r"(value), "r"(flip)
+      : "memory");
+}
+
+// varlen K with beta = 0 and C in the operand dtype (maps.c_by_tma), one consumer's 64 rows of tile t: per
+// 64-column chunk its values alpha product + bias (rounded as scaled_plus_bias rounds them) go as T into one of
+// its two 8 KiB buffers (`buffers`, the 64 x 64 box in the 128-byte swizzle), and its first thread stores the box
+// by TMA, which writes nothing outside C. A buffer is rewritten once the store of two chunks before has read it;
+// the stores complete in the background while the consumer goes on to its next tile.
+template <class T, class Cfg>
+__device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
+                                                  const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
+                                                  const WgmmaTile& t, int consumer, int wg_tid) {
+  constexpr int BN = Cfg::bn, box_bytes = 64 * 64 * 2;
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int64_t n0 = t.n_tile * BN;
+  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer), z = static_cast<int32_t>(t.group);
+  const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + t.group * p.bias_stride : nullptr;
+  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8), both with row % 8 = lane / 4: the swizzle puts
+  // 16-byte chunk i of either at (i ^ lane / 4) * 16, bits 4..6 of the offset, so one XOR with i << 4 places it.
+  const uint32_t lane_offset = (16 * warp + lane / 4) * 128 + ((lane / 4) << 4) + 4 * (lane % 4);
+#pragma unroll
+  for (int chunk = 0; chunk < BN / 64; ++chunk) {
+    const int64_t chunk_column = n0 + 64 * chunk;
+    if (chunk_column >= p.n) break;
+    const uint32_t buffer_address = shared_address(buffers + (chunk % 2) * box_bytes);
+    if (wg_tid == 0) bulk_wait_group_read<1>();
+    named_barrier_sync(2 + consumer, 128);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const int block = 8 * chunk + i;
+      const int64_t column = chunk_column + 8 * i + 2 * (lane % 4);
+      float b0 = 0.0f, b1 = 0.0f;
+      const bool biased = bias != nullptr && column < p.n;
+      if (biased) b0 = to_float(bias[column]), b1 = to_float(bias[column + 1]);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float v0 = __fmul_rn(acc[4 * block + 2 * half], p.alpha);
+        float v1 = __fmul_rn(acc[4 * block + 2 * half + 1], p.alpha);
+        if (biased) v0 = __fadd_rn(v0, b0), v1 = __fadd_rn(v1, b1);
+        alignas(4) T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
+        store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, i << 4,
+                             *reinterpret_cast<const uint32_t*>(pair));
+      }
+    }
+    // The box was written through the generic proxy; the TMA store reads it through the async proxy.
+    fence_proxy_async_shared();
+    named_barrier_sync(2 + consumer, 128);
+    if (wg_tid == 0) {
+      tma_store_3d(map, buffer_address, static_cast<int32_t>(chunk_column), y, z);
+      bulk_commit_group();
+    }
+  }
+}
+
 template <class T, class Cfg, Operands Op>
 __global__ void __launch_bounds__(Cfg::threads, 1)
     grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ WgmmaOperandMaps maps) {
@@ -488,6 +552,15 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       wgmma_fence_accumulators(acc);
       if (slices > 0) release((it - 1) % S);
 
+      // ---- Epilogue by TMA stores (varlen K, maps.c_by_tma) ----
+      if constexpr (varlen_k) {
+        if (maps.c_by_tma) {
+          store_tile_by_tma<T, Cfg>(p, &maps.c, acc, shared + Cfg::staging_offset + consumer * Cfg::staging_bytes, t,
+                                    consumer, wg_tid);
+          continue;
+        }
+      }
+
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
       const int64_t first_row = t.m0 + 64 * consumer;
@@ -547,6 +620,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       }
     }
   }
+  // The TMA stores read their shared memory sources until they complete.
+  if (varlen_k && warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
   // Paired: neither CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if (paired) cluster_sync();
 #else

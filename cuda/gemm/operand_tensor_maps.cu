@@ -71,6 +71,21 @@ CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows
   return encode_map(p.dtype, p.a, dims, strides, box_rows);
 }
 
+bool output_by_tma(const GroupedGemmProblem& p) {
+  // TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions).
+  const bool stores = p.epilogue == MOEKIT_EPILOGUE_STORE || p.epilogue == MOEKIT_EPILOGUE_BIAS;
+  return p.mode == MOEKIT_GEMM_VARLEN_K && stores && p.beta == 0.0f && !p.c_fp32 && p.c_group_stride % 8 == 0 &&
+         p.m > 0 && p.n > 0;
+}
+
+CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
+  const auto ld = static_cast<cuuint64_t>(p.ldc) * element_bytes;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.n), static_cast<cuuint64_t>(p.m),
+                              static_cast<cuuint64_t>(p.groups)};
+  const cuuint64_t strides[2] = {ld, static_cast<cuuint64_t>(p.c_group_stride) * element_bytes};
+  return encode_map(p.dtype, p.c, dims, strides, 64);
+}
+
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {
   // B [rows, n] unless B is the gathered operand, then A [rows, m]: (columns, rows, 1).
   const bool b = p.gather != MOEKIT_GEMM_GATHER_B;
