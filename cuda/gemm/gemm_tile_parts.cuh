@@ -162,19 +162,18 @@ __device__ __forceinline__ void store_glu8(T* row, int64_t j, int64_t act_width,
 // Epilogues: each call handles 8 values of one row of the tile, read from the fp32 staging tile.
 // ------------------------------------------------------------------------------------------------------------
 
-// v = alpha * staged[0..8) + bias[group, col..col+8) (no bias when p.bias is null), each step rounded on its own
-// (no fused multiply-add), as the wgmma kernel's TMA-store epilogue computes it.
+// v = alpha * staged[0..8) + bias[group, col..col+8) (no bias when p.bias is null).
 template <class T>
 __device__ __forceinline__ void scaled_plus_bias(const GroupedGemmProblem& p, const float* staged, int64_t group,
                                                  int64_t col, float (&v)[8]) {
   load8_fp32(staged, v);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], p.alpha);
+  for (int i = 0; i < 8; ++i) v[i] *= p.alpha;
   if (p.bias != nullptr) {
     float bias[8];
     load8(static_cast<const T*>(p.bias) + group * p.bias_stride + col, bias);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] = __fadd_rn(v[i], bias[i]);
+    for (int i = 0; i < 8; ++i) v[i] += bias[i];
   }
 }
 

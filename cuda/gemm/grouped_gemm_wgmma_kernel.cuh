@@ -359,8 +359,8 @@ __device__ __forceinline__ void store_shared_flipped(uint32_t address, uint32_t 
       : "memory");
 }
 
-// varlen K with beta = 0 and C in the operand dtype (maps.c_by_tma), one consumer's 64 rows of tile t: per
-// 64-column chunk its values alpha product + bias (rounded as scaled_plus_bias rounds them) go as T into one of
+// varlen K (STORE only, so no bias) with beta = 0 and C in the operand dtype (maps.c_by_tma), one consumer's 64
+// rows of tile t: per 64-column chunk its values alpha product (as epilogue_store rounds them) go as T into one of
 // its two 8 KiB buffers (`buffers`, the 64 x 64 box in the 128-byte swizzle), and its first thread stores the box
 // by TMA, which writes nothing outside C. A buffer is rewritten once the store of two chunks before has read it;
 // the stores complete in the background while the consumer goes on to its next tile.
@@ -372,10 +372,9 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   const int warp = wg_tid / 32, lane = wg_tid % 32;
   const int64_t n0 = t.n_tile * BN;
   const auto y = static_cast<int32_t>(t.m0 + 64 * consumer), z = static_cast<int32_t>(t.group);
-  const T* bias = p.bias != nullptr ? static_cast<const T*>(p.bias) + t.group * p.bias_stride : nullptr;
-  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8), both with row % 8 = lane / 4: the swizzle puts
-  // 16-byte chunk i of either at (i ^ lane / 4) * 16, bits 4..6 of the offset, so one XOR with i << 4 places it.
-  const uint32_t lane_offset = (16 * warp + lane / 4) * 128 + ((lane / 4) << 4) + 4 * (lane % 4);
+  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8, 1024 bytes on): chunk i of either sits at its
+  // chunk 0's offset XOR i << 4 (kmajor_offset's swizzle only flips bits 4..6), its 2 values at byte 4 (lane % 4).
+  const uint32_t lane_offset = kmajor_offset(16 * warp + lane / 4, 0) + 4 * (lane % 4);
 #pragma unroll
   for (int chunk = 0; chunk < BN / 64; ++chunk) {
     const int64_t chunk_column = n0 + 64 * chunk;
@@ -386,16 +385,10 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const int block = 8 * chunk + i;
-      const int64_t column = chunk_column + 8 * i + 2 * (lane % 4);
-      float b0 = 0.0f, b1 = 0.0f;
-      const bool biased = bias != nullptr && column < p.n;
-      if (biased) b0 = to_float(bias[column]), b1 = to_float(bias[column + 1]);
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float v0 = __fmul_rn(acc[4 * block + 2 * half], p.alpha);
-        float v1 = __fmul_rn(acc[4 * block + 2 * half + 1], p.alpha);
-        if (biased) v0 = __fadd_rn(v0, b0), v1 = __fadd_rn(v1, b1);
-        alignas(4) T pair[2] = {from_float<T>(v0), from_float<T>(v1)};
+        alignas(4) T pair[2] = {from_float<T>(acc[4 * block + 2 * half] * p.alpha),
+                                from_float<T>(acc[4 * block + 2 * half + 1] * p.alpha)};
         store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, i << 4,
                              *reinterpret_cast<const uint32_t*>(pair));
       }

@@ -52,6 +52,14 @@ CUtensorMap encode_map(int32_t dtype, const void* data, const cuuint64_t (&dims)
 
 constexpr cuuint64_t element_bytes = 2;
 
+// A row-major [rows, columns] matrix of 16-bit elements, `ld` elements between rows, as rank 3 (columns, rows, 1).
+CUtensorMap matrix_map(int32_t dtype, const void* data, int64_t columns, int64_t rows, int64_t ld, int box_rows) {
+  const auto row_bytes = static_cast<cuuint64_t>(ld) * element_bytes;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(rows), 1};
+  const cuuint64_t strides[2] = {row_bytes, row_bytes * static_cast<cuuint64_t>(rows)};
+  return encode_map(dtype, data, dims, strides, box_rows);
+}
+
 }  // namespace
 
 CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
@@ -65,17 +73,14 @@ CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
 }
 
 CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows) {
-  const auto ld = static_cast<cuuint64_t>(p.lda) * element_bytes;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.k), static_cast<cuuint64_t>(p.rows), 1};
-  const cuuint64_t strides[2] = {ld, ld * static_cast<cuuint64_t>(p.rows)};
-  return encode_map(p.dtype, p.a, dims, strides, box_rows);
+  return matrix_map(p.dtype, p.a, p.k, p.rows, p.lda, box_rows);
 }
 
 bool output_by_tma(const GroupedGemmProblem& p) {
-  // TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions).
-  const bool stores = p.epilogue == MOEKIT_EPILOGUE_STORE || p.epilogue == MOEKIT_EPILOGUE_BIAS;
-  return p.mode == MOEKIT_GEMM_VARLEN_K && stores && p.beta == 0.0f && !p.c_fp32 && p.c_group_stride % 8 == 0 &&
-         p.m > 0 && p.n > 0;
+  // Varlen K is STORE only. TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the
+  // preconditions; the group stride is checked here).
+  return p.mode == MOEKIT_GEMM_VARLEN_K && p.beta == 0.0f && !p.c_fp32 && p.c_group_stride % 8 == 0 && p.m > 0 &&
+         p.n > 0;
 }
 
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
@@ -89,10 +94,7 @@ CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {
   // B [rows, n] unless B is the gathered operand, then A [rows, m]: (columns, rows, 1).
   const bool b = p.gather != MOEKIT_GEMM_GATHER_B;
-  const auto ld = static_cast<cuuint64_t>(b ? p.ldb : p.lda) * element_bytes;
-  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(b ? p.n : p.m), static_cast<cuuint64_t>(p.rows), 1};
-  const cuuint64_t strides[2] = {ld, ld * static_cast<cuuint64_t>(p.rows)};
-  return encode_map(p.dtype, b ? p.b : p.a, dims, strides, 64);
+  return b ? matrix_map(p.dtype, p.b, p.n, p.rows, p.ldb, 64) : matrix_map(p.dtype, p.a, p.m, p.rows, p.lda, 64);
 }
 
 }  // namespace gemm
