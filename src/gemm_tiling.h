@@ -63,7 +63,7 @@ const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 // of 64, the product's width (gemm_shape's n: DGATED's activation width) a multiple of 64; or varlen K (STORE).
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
-// wgmma where it is capable and measured faster (everything but DGATED), else mma_sync.
+// wgmma where it is capable (measured faster for every mode and epilogue it takes), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;

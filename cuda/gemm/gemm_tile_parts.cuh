@@ -112,6 +112,16 @@ __device__ __forceinline__ void store8_c(void* c, bool fp32, int64_t offset, con
     store8(static_cast<T*>(c) + offset, in);
 }
 
+// The gate and up values of 8 activation columns from the 16 INTERLEAVED values holding them (gate, up, gate, ...).
+__device__ __forceinline__ void split_interleaved(const float (&lo)[8], const float (&hi)[8], float (&g)[8],
+                                                  float (&u)[8]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    g[i] = lo[2 * i], u[i] = lo[2 * i + 1];
+    g[i + 4] = hi[2 * i], u[i + 4] = hi[2 * i + 1];
+  }
+}
+
 // Gate and up values of activation columns j..j+7 in a row of h or of a bias: the CONCAT layout keeps them at
 // columns j and act_width + j, INTERLEAVED at 2j and 2j + 1.
 template <class T>
@@ -125,11 +135,7 @@ __device__ __forceinline__ void load_glu8(const T* row, int64_t j, int64_t act_w
   float lo[8], hi[8];
   load8(row + 2 * j, lo);
   load8(row + 2 * j + 8, hi);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    g[i] = lo[2 * i], u[i] = lo[2 * i + 1];
-    g[i + 4] = hi[2 * i], u[i + 4] = hi[2 * i + 1];
-  }
+  split_interleaved(lo, hi, g, u);
 }
 
 // Rounds gate and up values to T and stores them at their layout's columns (as load_glu8 reads them); g_stored and
@@ -151,11 +157,7 @@ __device__ __forceinline__ void store_glu8(T* row, int64_t j, int64_t act_width,
   }
   store8_rounded(row + 2 * j, lo, lo);
   store8_rounded(row + 2 * j + 8, hi, hi);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    g_stored[i] = lo[2 * i], u_stored[i] = lo[2 * i + 1];
-    g_stored[i + 4] = hi[2 * i], u_stored[i + 4] = hi[2 * i + 1];
-  }
+  split_interleaved(lo, hi, g_stored, u_stored);
 }
 
 // ------------------------------------------------------------------------------------------------------------
@@ -236,19 +238,18 @@ __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, 
   store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
 }
 
-// DGATED for activation columns j..j+7 of one row: returns this part of dA . a (fp32, in column order).
+// DGATED for activation columns j..j+7 of one row, given h's values there (a gated activation: gate g and up u; else
+// z in g, u unused): returns this part of dA . a (fp32, in column order).
 template <class T>
-__device__ __forceinline__ float epilogue_dgated(const GroupedGemmProblem& p, const DeviceActivation& act,
-                                                 const float* staged, int64_t row, int64_t j, float scale) {
+__device__ __forceinline__ float epilogue_dgated_from_h(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                                        const float* staged, const float (&g)[8], const float (&u)[8],
+                                                        int64_t row, int64_t j, float scale) {
   float da_raw[8];
   load8_fp32(staged, da_raw);
-  const T* h_row = static_cast<const T*>(p.h) + row * p.ldh;
   T* dh_row = static_cast<T*>(p.c) + row * p.ldc;
   float a[8], dot = 0.0f;
   if (is_gated_activation(act.kind)) {
     const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
-    float g[8], u[8];
-    load_glu8(h_row, j, p.act_width, interleaved, g, u);
     float dg[8], du[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
@@ -260,14 +261,13 @@ __device__ __forceinline__ float epilogue_dgated(const GroupedGemmProblem& p, co
     float unused_g[8], unused_u[8];
     store_glu8(dh_row, j, p.act_width, interleaved, dg, du, unused_g, unused_u);
   } else {
-    float z[8], dz[8];
-    load8(h_row + j, z);
+    float dz[8];
 #pragma unroll
     for (int i = 0; i < 8; ++i) {
       const float da = p.alpha * da_raw[i];
-      a[i] = plain_forward(act, z[i]);
+      a[i] = plain_forward(act, g[i]);
       dot += da * a[i];
-      dz[i] = scale * da * plain_grad(act, z[i]);
+      dz[i] = scale * da * plain_grad(act, g[i]);
     }
     store8(dh_row + j, dz);
   }
@@ -275,6 +275,19 @@ __device__ __forceinline__ float epilogue_dgated(const GroupedGemmProblem& p, co
   for (int i = 0; i < 8; ++i) a[i] *= scale;
   store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
   return dot;
+}
+
+// DGATED for activation columns j..j+7 of one row, h read from global memory: epilogue_dgated_from_h.
+template <class T>
+__device__ __forceinline__ float epilogue_dgated(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                                 const float* staged, int64_t row, int64_t j, float scale) {
+  const T* h_row = static_cast<const T*>(p.h) + row * p.ldh;
+  float g[8], u[8];
+  if (is_gated_activation(act.kind))
+    load_glu8(h_row, j, p.act_width, p.glu_layout == MOEKIT_GLU_INTERLEAVED, g, u);
+  else
+    load8(h_row + j, g);
+  return epilogue_dgated_from_h<T>(p, act, staged, g, u, row, j, scale);
 }
 
 }  // namespace gemm

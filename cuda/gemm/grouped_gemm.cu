@@ -127,8 +127,8 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
 }
 
 // The sm_90a path: the TMA maps (built here on the host, per call: operands move between calls) of the weight
-// operand and of an A that is not gathered for varlen M, of the operand that is not gathered for varlen K, and the
-// persistent kernel, one CTA per SM at most.
+// operand, of an A that is not gathered and of DGATED's h for varlen M, of the operand that is not gathered for
+// varlen K, of C where the epilogue writes it by TMA, and the persistent kernel, one CTA per SM at most.
 template <int32_t Dtype, GemmTile Tile>
 void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                            cudaStream_t stream) {
@@ -148,6 +148,8 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
     maps.b = make_weight_tensor_map(p, box_rows);
     if (p.gather != MOEKIT_GEMM_GATHER_A && p.rows > 0)
       maps.a = make_activation_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bm));
+    if (p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0)
+      maps.h = make_dgated_h_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bm));
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }

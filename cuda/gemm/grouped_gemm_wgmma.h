@@ -34,16 +34,20 @@ struct WgmmaOperandMaps {
   CUtensorMap b;  // varlen M: B's; varlen K: that of the operand that is not gathered
   CUtensorMap a;  // varlen M with A not gathered: A's (make_activation_tensor_map); unused otherwise
   CUtensorMap c;  // with c_by_tma: C's (make_output_tensor_map)
-  // The epilogue writes C by TMA stores from shared memory (varlen K, beta = 0, C in the operand dtype); else
-  // every thread stores its values. NOTE: varlen M's stores by TMA measured slower on the grouped shapes of
+  CUtensorMap h;  // DGATED: h's (make_dgated_h_tensor_map); unused otherwise
+  // The epilogue writes C by TMA from shared memory (varlen K: stores for beta = 0 into C of the operand dtype,
+  // reduce-adds for beta = 1 into an fp32 C); else every thread stores its values. NOTE: varlen M's stores by TMA measured slower on the grouped shapes of
   // gemm.json and gemm_issue7.json (down -2..-6%; GATED's -0..-7%), though faster for one expert taking every row.
   bool c_by_tma;
 };
 // Whether the wgmma kernel stores C by TMA for this problem (see WgmmaOperandMaps::c_by_tma).
 bool output_by_tma(const GroupedGemmProblem& p);
-// The TMA map of varlen K's C [E, m, n] for the epilogue's stores, as (n, m, E): boxes of 64 x 64 x 1 in the
-// 128-byte swizzle, nothing written outside the tensor.
+// The TMA map of varlen K's C [E, m, n] for the epilogue's stores, as (n, m, E): boxes of 128 bytes (64 operand-dtype
+// or 32 fp32 columns) x 64 rows x 1 in the 128-byte swizzle, nothing written outside the tensor.
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p);
+// The TMA map of DGATED's h [rows, h width] (gate and up, or z), as rank 3 (h width, rows, 1): boxes of 64 columns x
+// a whole row tile in the 128-byte swizzle, zeros past the last row. The producer loads the epilogue's h through it.
+CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to
 // pairs) clusters of 2 CTAs sharing the B tile by multicast. One instantiation per translation unit

@@ -19,12 +19,14 @@
 //     64-row reduction slice, the operand that is not gathered by TMA (8 KiB MN-major boxes of 64 rows x 64
 //     columns) when the slice lies wholly inside the group, and the gathered one (or, in the group's last partial
 //     slice, both) by cp.async: each octet of producer threads copies whole 128-byte lines of 4 reduction rows into
-//     the same MN-major blocks, from the row's source; rows past the group's end are zero-filled.
+//     the same MN-major blocks, from the row's source; rows past the group's end are zero-filled. DGATED: after a
+//     tile's slices, one more ring entry per 64-column epilogue chunk carrying h's values for it (load_dgated_h).
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
-//     into C of the operand dtype (WgmmaOperandMaps::c_by_tma) rounds its values into 64 x 64 boxes in shared
-//     memory that TMA stores write while the consumers go on (store_tile_by_tma); every other product goes
-//     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues.
+//     into C of the operand dtype, or beta = 1 into an fp32 C (WgmmaOperandMaps::c_by_tma), puts its values into
+//     boxes in shared memory that TMA stores (or reduce-adds) write while the consumers go on
+//     (store_tile_by_tma); every other product goes through a per-warpgroup fp32 staging chunk of 64 x 64 in
+//     shared memory to the shared epilogues, DGATED's reading h from its ring entries.
 //
 // Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
 // group strides multiples of 8 elements; the grid at most the device's SM count (one CTA per SM: ~226 KiB).
@@ -172,6 +174,22 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
       }
     }
   }
+}
+
+// stage_chunk for a chunk index that may be known at run time only (DGATED's chunk loop is not unrolled, for the
+// instruction cache): the accumulators need compile-time indices, so each chunk's staging code is selected here.
+template <class Cfg>
+__device__ __forceinline__ void stage_chunk_at(const float (&acc)[Cfg::bn / 2], int chunk, bool split_glu,
+                                               bool interleaved, float* staging, int wg_tid) {
+#pragma unroll
+  for (int c = 0; c < Cfg::bn / Cfg::chunk_columns; ++c)
+    if (c == chunk) stage_chunk<Cfg>(acc, c, split_glu, interleaved, staging, wg_tid);
+}
+
+// Value i of a 4-value register array for an index known at run time only (a dynamic index would put the array in
+// local memory).
+__device__ __forceinline__ float pick(const float (&values)[4], int i) {
+  return i == 0 ? values[0] : i == 1 ? values[1] : i == 2 ? values[2] : values[3];
 }
 
 // varlen K, the producer warpgroup's part of tile t: per 64-row reduction slice, the 8 threads of an octet copy one
@@ -350,6 +368,71 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
   }
 }
 
+// The shared addresses of the two h boxes a DGATED epilogue entry of ring slot `slot` holds: the slot's A tile
+// (16 KiB, one 64 x 128 box) and the first 16 KiB of its B tile.
+template <class Cfg>
+__device__ __forceinline__ uint32_t dgated_h_box(uint32_t smem_a, uint32_t smem_b, uint32_t slot, int box) {
+  return box == 0 ? smem_a + slot * Cfg::a_stage_bytes : smem_b + slot * Cfg::b_stage_bytes;
+}
+
+// DGATED, the producer warpgroup's part of tile t after its slices: one more ring entry per 64-column epilogue chunk,
+// carrying h's values of the chunk's activation columns for the tile's 128 rows (TMA boxes of 64 h columns: CONCAT
+// the gate columns j0.. and the up columns act_width + j0..; INTERLEAVED h columns 2 j0.. and 2 j0 + 64..; a plain
+// activation z's columns j0.. alone), so that the epilogue reads h from shared memory instead of waiting on global
+// loads row after row. Rows past the group are the next group's, read and never used. `every_thread_arrives`: the
+// slot's `full` barrier also counts one arrival per producer thread (the cp.async walk's count).
+template <class Cfg>
+__device__ __forceinline__ void load_dgated_h(const GroupedGemmProblem& p, const CUtensorMap* map, const WgmmaTile& t,
+                                              bool every_thread_arrives, uint32_t smem_a, uint32_t smem_b,
+                                              uint32_t full_bars, uint32_t empty_bars, int wg_tid, uint32_t& it) {
+  constexpr int S = Cfg::stages, box_bytes = Cfg::bm * 64 * 2;
+  static_assert(box_bytes == Cfg::a_stage_bytes && box_bytes <= Cfg::b_stage_bytes, "a slot holds two h boxes");
+  const bool gated = is_gated_activation(p.activation);
+  const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
+  const auto row0 = static_cast<int32_t>(t.row_begin);
+#pragma unroll 1
+  for (int chunk = 0; chunk < Cfg::bn / 64; ++chunk, ++it) {
+    const uint32_t slot = it % S, parity = (it / S) & 1;
+    mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
+    const uint32_t full = full_bars + 8 * slot;
+    if (wg_tid == 0) {
+      const auto j0 = static_cast<int32_t>(t.n_tile * Cfg::bn + 64 * chunk);
+      const auto width = static_cast<int32_t>(p.act_width);
+      mbarrier_arrive_expect_tx(full, (gated ? 2 : 1) * box_bytes);
+      tma_load_3d(dgated_h_box<Cfg>(smem_a, smem_b, slot, 0), map, full, interleaved && gated ? 2 * j0 : j0, row0,
+                  0);
+      if (gated)
+        tma_load_3d(dgated_h_box<Cfg>(smem_a, smem_b, slot, 1), map, full, interleaved ? 2 * j0 + 64 : width + j0,
+                    row0, 0);
+    }
+    if (every_thread_arrives) mbarrier_arrive(full);
+  }
+}
+
+// h's values of activation columns 8 item..+7 of tile row `row` from the two boxes of a DGATED epilogue entry (their
+// generic addresses), as load_glu8 / load8 read them from global memory.
+template <class T>
+__device__ __forceinline__ void load_h_from_boxes(const unsigned char* box0, const unsigned char* box1, int row,
+                                                  int item, bool gated, bool interleaved, float (&g)[8],
+                                                  float (&u)[8]) {
+  const auto at = [&](const unsigned char* box, int chunk) {
+    return reinterpret_cast<const T*>(box + kmajor_offset(row, chunk));
+  };
+  if (!gated) {
+    load8(at(box0, item), g);
+  } else if (!interleaved) {
+    load8(at(box0, item), g);
+    load8(at(box1, item), u);
+  } else {
+    // Activation columns 8 item.. are h columns 16 item.. of the chunk's 128: box item / 4, chunks 2 (item % 4)..
+    const unsigned char* box = item < 4 ? box0 : box1;
+    float lo[8], hi[8];
+    load8(at(box, 2 * (item % 4)), lo);
+    load8(at(box, 2 * (item % 4) + 1), hi);
+    split_interleaved(lo, hi, g, u);
+  }
+}
+
 // Stores 4 bytes at shared address `address ^ flip`. NOTE: the XOR sits inside the asm: written in C++, the
 // compiler kept one precomputed address per flip across the whole tile walk, and those spilled.
 __device__ __forceinline__ void store_shared_flipped(uint32_t address, uint32_t flip, uint32_t value) {
@@ -359,45 +442,68 @@ __device__ __forceinline__ void store_shared_flipped(uint32_t address, uint32_t 
       : "memory");
 }
 
-// varlen K (STORE only, so no bias) with beta = 0 and C in the operand dtype (maps.c_by_tma), one consumer's 64
-// rows of tile t: per 64-column chunk its values alpha product (as epilogue_store rounds them) go as T into one of
-// its two 8 KiB buffers (`buffers`, the 64 x 64 box in the 128-byte swizzle), and its first thread stores the box
-// by TMA, which writes nothing outside C. A buffer is rewritten once the store of two chunks before has read it;
-// the stores complete in the background while the consumer goes on to its next tile.
-template <class T, class Cfg>
+// Stores 8 bytes (lo, hi) at shared address `address ^ flip`, as store_shared_flipped.
+__device__ __forceinline__ void store_shared_flipped_pair(uint32_t address, uint32_t flip, uint32_t lo, uint32_t hi) {
+  asm volatile(
+      "{\n .reg .b32 flipped;\n xor.b32 flipped, %0, %3;\n st.shared.v2.b32 [flipped], {%1, %2};\n}\n" ::"r"(address),
+      "r"(lo), "r"(hi), "r"(flip)
+      : "memory");
+}
+
+// varlen K (STORE only, so no bias) with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t. Out = T
+// (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store rounds them, are
+// stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
+// each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. Per box
+// of 64 rows x 128 bytes (64 T or 32 fp32 columns) the values go into one of the consumer's two 8 KiB buffers
+// (`buffers`, the box in the 128-byte swizzle) and its first thread issues the TMA store, which writes nothing
+// outside C. A buffer is rewritten once the store of two boxes before has read it; the stores complete in the
+// background while the consumer goes on to its next tile.
+template <class Out, class Cfg>
 __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                   const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
                                                   const WgmmaTile& t, int consumer, int wg_tid) {
-  constexpr int BN = Cfg::bn, box_bytes = 64 * 64 * 2;
+  constexpr bool add = sizeof(Out) == 4;
+  constexpr int BN = Cfg::bn, box_bytes = 64 * 128, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
   const int warp = wg_tid / 32, lane = wg_tid % 32;
   const int64_t n0 = t.n_tile * BN;
   const auto y = static_cast<int32_t>(t.m0 + 64 * consumer), z = static_cast<int32_t>(t.group);
-  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8, 1024 bytes on): chunk i of either sits at its
-  // chunk 0's offset XOR i << 4 (kmajor_offset's swizzle only flips bits 4..6), its 2 values at byte 4 (lane % 4).
-  const uint32_t lane_offset = kmajor_offset(16 * warp + lane / 4, 0) + 4 * (lane % 4);
+  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8, 1024 bytes on). Its 2 values of 8-column block i of
+  // a box sit at byte sizeof(Out) (8 i + 2 (lane % 4)) of the row: 16-byte chunk (sizeof(Out) / 2) i plus the lane's
+  // part, whose bits the block's part leaves alone, so block i's address is the lane's XOR the block's chunk << 4
+  // (kmajor_offset's swizzle only flips bits 4..6).
+  const int lane_byte = 2 * static_cast<int>(sizeof(Out)) * (lane % 4);
+  const uint32_t lane_offset = kmajor_offset(16 * warp + lane / 4, lane_byte / 16) + lane_byte % 16;
 #pragma unroll
-  for (int chunk = 0; chunk < BN / 64; ++chunk) {
-    const int64_t chunk_column = n0 + 64 * chunk;
-    if (chunk_column >= p.n) break;
-    const uint32_t buffer_address = shared_address(buffers + (chunk % 2) * box_bytes);
+  for (int box = 0; box < BN / box_columns; ++box) {
+    const int64_t box_column = n0 + box_columns * box;
+    if (box_column >= p.n) break;
+    const uint32_t buffer_address = shared_address(buffers + (box % 2) * box_bytes);
     if (wg_tid == 0) bulk_wait_group_read<1>();
     named_barrier_sync(2 + consumer, 128);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const int block = 8 * chunk + i;
+    for (int i = 0; i < box_blocks; ++i) {
+      const int block = box_blocks * box + i;
+      const uint32_t flip = static_cast<uint32_t>(sizeof(Out) / 2 * i) << 4;
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        alignas(4) T pair[2] = {from_float<T>(acc[4 * block + 2 * half] * p.alpha),
-                                from_float<T>(acc[4 * block + 2 * half + 1] * p.alpha)};
-        store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, i << 4,
-                             *reinterpret_cast<const uint32_t*>(pair));
+        const float v0 = acc[4 * block + 2 * half] * p.alpha, v1 = acc[4 * block + 2 * half + 1] * p.alpha;
+        const uint32_t address = buffer_address + lane_offset + 8 * 128 * half;
+        if constexpr (add) {
+          store_shared_flipped_pair(address, flip, __float_as_uint(v0), __float_as_uint(v1));
+        } else {
+          alignas(4) Out pair[2] = {from_float<Out>(v0), from_float<Out>(v1)};
+          store_shared_flipped(address, flip, *reinterpret_cast<const uint32_t*>(pair));
+        }
       }
     }
     // The box was written through the generic proxy; the TMA store reads it through the async proxy.
     fence_proxy_async_shared();
     named_barrier_sync(2 + consumer, 128);
     if (wg_tid == 0) {
-      tma_store_3d(map, buffer_address, static_cast<int32_t>(chunk_column), y, z);
+      if constexpr (add)
+        tma_reduce_add_3d(map, buffer_address, static_cast<int32_t>(box_column), y, z);
+      else
+        tma_store_3d(map, buffer_address, static_cast<int32_t>(box_column), y, z);
       bulk_commit_group();
     }
   }
@@ -443,6 +549,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
     if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&maps.b);
     if (a_by_tma) tma_prefetch_descriptor(&maps.a);
+    if (Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED) tma_prefetch_descriptor(&maps.h);
   }
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
@@ -464,7 +571,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
   const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
-  const bool dgated = p.epilogue == MOEKIT_EPILOGUE_DGATED;
+  // DGATED comes with B [E, k, n] only (wgmma_capable): the other instantiations drop its code.
+  const bool dgated = Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool split_glu = gated && is_gated_activation(p.activation);
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
@@ -483,6 +591,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       } else {
         load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs, paired, rank, smem_a,
                                                  smem_b, full_bars, empty_bars, wg_tid, it);
+        if (dgated)
+          load_dgated_h<Cfg>(p, &maps.h, t, !a_by_tma, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
       }
     }
   } else {
@@ -548,8 +658,11 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       // ---- Epilogue by TMA stores (varlen K, maps.c_by_tma) ----
       if constexpr (varlen_k) {
         if (maps.c_by_tma) {
-          store_tile_by_tma<T, Cfg>(p, &maps.c, acc, shared + Cfg::staging_offset + consumer * Cfg::staging_bytes, t,
-                                    consumer, wg_tid);
+          unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
+          if (p.c_fp32)
+            store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+          else
+            store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
           continue;
         }
       }
@@ -560,30 +673,66 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
-      // DGATED: the dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row
-      // sum theirs by a fixed butterfly, then the chunks add in order.
-      float row_dots[64 / 16] = {};
-#pragma unroll
-      for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+      // One chunk's products into the staging rows, read once every thread of the consumer has written its part.
+      const auto stage = [&](int chunk) {
         named_barrier_sync(2 + consumer, 128);  // the previous chunk's staging reads are done
-        stage_chunk<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
+        stage_chunk_at<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
         named_barrier_sync(2 + consumer, 128);
-        if (dgated) {
-          // Every lane takes part in the shuffles, rows past the group included.
+      };
+      if (dgated) {
+        // The dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row sum
+        // theirs by a fixed butterfly, then the chunks add in order. The rows' score scales once per tile.
+        float row_dots[64 / 16] = {}, row_scales[64 / 16] = {};
 #pragma unroll
+        for (int pass = 0; pass < 64 / 16; ++pass) {
+          const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+          if (r < t.m_end) row_scales[pass] = p.row_scale[p.pair_idx[r]];
+        }
+        // NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation
+        // code overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled).
+#pragma unroll 1
+        for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+          stage(chunk);
+          // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
+          const uint32_t slot = it % S;
+          mbarrier_wait(full_bars + 8 * slot, (it / S) & 1);
+          const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
+          const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
+          // Every lane takes part in the shuffles, rows past the group included.
+#pragma unroll 1
           for (int pass = 0; pass < 64 / 16; ++pass) {
             const int row = wg_tid / 8 + 16 * pass;
             const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
             float dot = 0.0f;
-            if (r < t.m_end && j < p.n)
-              dot = epilogue_dgated<T>(p, act, staging + row * Cfg::staging_pitch + 8 * item, r, j,
-                                       p.row_scale[p.pair_idx[r]]);
+            if (r < t.m_end && j < p.n) {
+              float g[8], u[8];
+              load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item, is_gated_activation(act.kind),
+                                   interleaved, g, u);
+              dot = epilogue_dgated_from_h<T>(p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r, j,
+                                              pick(row_scales, pass));
+            }
 #pragma unroll
             for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-            row_dots[pass] += dot;
+#pragma unroll
+            for (int q = 0; q < 64 / 16; ++q)
+              if (q == pass) row_dots[q] += dot;
           }
-          continue;
+          release(slot);
+          ++it;
         }
+        if (item == 0) {
+#pragma unroll
+          for (int pass = 0; pass < 64 / 16; ++pass) {
+            const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+            if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
+          }
+        }
+        continue;
+      }
+      // STORE, BIAS, GATED: unrolled over the chunks (rolled, these lighter epilogues ran 0.8-0.99x).
+#pragma unroll
+      for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+        stage(chunk);
 #pragma unroll 1
         for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
           const int64_t r = first_row + row;
@@ -602,13 +751,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
             else
               epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
           }
-        }
-      }
-      if (dgated && item == 0) {
-#pragma unroll
-        for (int pass = 0; pass < 64 / 16; ++pass) {
-          const int64_t r = first_row + wg_tid / 8 + 16 * pass;
-          if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
         }
       }
     }

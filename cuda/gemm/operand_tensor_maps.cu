@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include "cuda/common/activation.cuh"
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/grouped_gemm_wgmma.h"
 #include "error.h"
@@ -33,14 +34,13 @@ EncodeTiled encode_tiled() {
   return encode;
 }
 
-// A rank-3 map of 16-bit elements over `data`: dims innermost first (the innermost contiguous), `strides` the bytes
-// between consecutive indices of dims 1 and 2, boxes of 64 x box_rows x 1 in the 128-byte swizzle, zeros outside.
-CUtensorMap encode_map(int32_t dtype, const void* data, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2],
-                       int box_rows) {
-  const cuuint32_t box[3] = {64, static_cast<cuuint32_t>(box_rows), 1};
+// A rank-3 map of `type` elements over `data`: dims innermost first (the innermost contiguous), `strides` the bytes
+// between consecutive indices of dims 1 and 2, boxes of 128 bytes (box_columns elements) x box_rows x 1 in the
+// 128-byte swizzle, zeros outside.
+CUtensorMap encode_map(CUtensorMapDataType type, const void* data, const cuuint64_t (&dims)[3],
+                       const cuuint64_t (&strides)[2], int box_columns, int box_rows) {
+  const cuuint32_t box[3] = {static_cast<cuuint32_t>(box_columns), static_cast<cuuint32_t>(box_rows), 1};
   const cuuint32_t element_strides[3] = {1, 1, 1};
-  const CUtensorMapDataType type =
-      dtype == MOEKIT_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map{};
   const CUresult status = encode_tiled()(&map, type, 3, const_cast<void*>(data), dims, strides, box, element_strides,
                                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -52,12 +52,17 @@ CUtensorMap encode_map(int32_t dtype, const void* data, const cuuint64_t (&dims)
 
 constexpr cuuint64_t element_bytes = 2;
 
+// The map type of the 16-bit operand dtype; its 128-byte boxes are 64 elements wide.
+CUtensorMapDataType operand_type(int32_t dtype) {
+  return dtype == MOEKIT_DTYPE_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+}
+
 // A row-major [rows, columns] matrix of 16-bit elements, `ld` elements between rows, as rank 3 (columns, rows, 1).
 CUtensorMap matrix_map(int32_t dtype, const void* data, int64_t columns, int64_t rows, int64_t ld, int box_rows) {
   const auto row_bytes = static_cast<cuuint64_t>(ld) * element_bytes;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(columns), static_cast<cuuint64_t>(rows), 1};
   const cuuint64_t strides[2] = {row_bytes, row_bytes * static_cast<cuuint64_t>(rows)};
-  return encode_map(dtype, data, dims, strides, box_rows);
+  return encode_map(operand_type(dtype), data, dims, strides, 64, box_rows);
 }
 
 }  // namespace
@@ -69,26 +74,34 @@ CUtensorMap make_weight_tensor_map(const GroupedGemmProblem& p, int box_rows) {
                               static_cast<cuuint64_t>(p.groups)};
   const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.ldb) * element_bytes,
                                  static_cast<cuuint64_t>(p.b_group_stride) * element_bytes};
-  return encode_map(p.dtype, p.b, dims, strides, box_rows);
+  return encode_map(operand_type(p.dtype), p.b, dims, strides, 64, box_rows);
 }
 
 CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows) {
   return matrix_map(p.dtype, p.a, p.k, p.rows, p.lda, box_rows);
 }
 
+CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows) {
+  const int64_t width = is_gated_activation(p.activation) ? 2 * p.act_width : p.act_width;
+  return matrix_map(p.dtype, p.h, width, p.rows, p.ldh, box_rows);
+}
+
 bool output_by_tma(const GroupedGemmProblem& p) {
-  // Varlen K is STORE only. TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the
-  // preconditions; the group stride is checked here).
-  return p.mode == MOEKIT_GEMM_VARLEN_K && p.beta == 0.0f && !p.c_fp32 && p.c_group_stride % 8 == 0 && p.m > 0 &&
-         p.n > 0;
+  // Varlen K is STORE only: TMA stores for beta = 0 into C of the operand dtype, TMA reduce-adds for beta = 1 into an
+  // fp32 C. TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions; the
+  // group stride is checked here).
+  const bool store = p.beta == 0.0f && !p.c_fp32, add = p.beta == 1.0f && p.c_fp32;
+  return p.mode == MOEKIT_GEMM_VARLEN_K && (store || add) && p.c_group_stride % 8 == 0 && p.m > 0 && p.n > 0;
 }
 
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
-  const auto ld = static_cast<cuuint64_t>(p.ldc) * element_bytes;
+  const cuuint64_t bytes = p.c_fp32 ? 4 : element_bytes;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.n), static_cast<cuuint64_t>(p.m),
                               static_cast<cuuint64_t>(p.groups)};
-  const cuuint64_t strides[2] = {ld, static_cast<cuuint64_t>(p.c_group_stride) * element_bytes};
-  return encode_map(p.dtype, p.c, dims, strides, 64);
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(p.ldc) * bytes,
+                                 static_cast<cuuint64_t>(p.c_group_stride) * bytes};
+  const CUtensorMapDataType type = p.c_fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : operand_type(p.dtype);
+  return encode_map(type, p.c, dims, strides, static_cast<int>(128 / bytes), 64);
 }
 
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {

@@ -137,7 +137,8 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   dgated.b_layout = MOEKIT_GEMM_B_KN;
   dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
   CHECK(wgmma_capable(dgated, 9, 0));
-  CHECK(choose_gemm_path(dgated, 9, 0) == GemmPath::mma_sync);  // capable, but measured slower
+  CHECK(choose_gemm_path(dgated, 9, 0) == GemmPath::wgmma);
+  CHECK(choose_gemm_path(dgated, 8, 0) == GemmPath::mma_sync);
   setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   CHECK(choose_gemm_path_or_override(dgated, 9, 0) == GemmPath::wgmma);
   unsetenv("MOEKIT_GEMM_PATH");
