@@ -586,6 +586,13 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     k.gather = MOEKIT_GEMM_GATHER_B;
     k.beta = 1.0;
     check_case(handles, make_inputs(rng, k));
+    // The wgmma kernel's TMA epilogues of varlen K: reduce-adds into an fp32 C (beta = 1), stores (beta = 0).
+    Case added = k;
+    added.out_dtype = MOEKIT_DTYPE_FP32;
+    check_case(handles, make_inputs(rng, added));
+    Case stored = k;
+    stored.beta = 0.0;
+    check_case(handles, make_inputs(rng, stored));
   }
 }
 
