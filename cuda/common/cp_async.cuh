@@ -15,7 +15,7 @@ __device__ __forceinline__ uint32_t shared_address(const void* pointer) {
 }
 
 // Copies 16 bytes from global `src` to shared `dst` (both 16-byte aligned), bypassing L1; when !valid, writes 16
-// zero bytes to dst and does not read src (src must still be a valid address expression, never dereferenced).
+// zero bytes to dst and reads nothing from src (which may then point anywhere, e.g. past the end of a tensor).
 __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");

@@ -201,7 +201,10 @@ __device__ __forceinline__ float pick(const float (&values)[4], int i) {
 // row's copies are unrolled from one source pointer per operand (the producer's issue rate bounds this kernel).
 // The operand that is not gathered (B, or A when B is) comes by TMA instead (`map`, one box per 8 KiB block) for
 // every slice wholly inside the group: a TMA box cannot stop at the group's end, so the group's last, partial
-// slice is copied by cp.async with the rows past the end zero-filled. `it` counts ring uses across tiles.
+// slice is copied by cp.async with the rows past the end zero-filled. A masked copy keeps its unmasked address
+// (cp_async_16 reads nothing then): choosing a safe address per copy cost the producer, whose own instruction
+// latency bounds the weight gradients (ncu: consumers waiting on `full`), two instructions per copy.
+// `it` counts ring uses across tiles.
 template <class T, class Cfg>
 __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                      const WgmmaTile& t, int64_t slices, uint32_t smem_a,
@@ -265,14 +268,14 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
 #pragma unroll
         for (int block = 0; block < Cfg::bm / 64; ++block) {
           const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
-          cp_async_16(a_line + block * Cfg::mn_block_bytes, ok ? a_row + 64 * block : a_base, ok);
+          cp_async_16(a_line + block * Cfg::mn_block_bytes, a_row + 64 * block, ok);
         }
       }
       if (copy_b) {
 #pragma unroll
         for (int block = 0; block < BN / 64; ++block) {
           const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
-          cp_async_16(b_line + block * Cfg::mn_block_bytes, ok ? b_row + 64 * block : b_base, ok);
+          cp_async_16(b_line + block * Cfg::mn_block_bytes, b_row + 64 * block, ok);
         }
       }
     }
