@@ -4,7 +4,9 @@
 # BENCH: a moekit-bench executable; CASE: a case name of bench/configs/gemm.json. Each case runs once per entry of
 # PATHS (MOEKIT_GEMM_PATH values, default "mma wgmma"), and ncu profiles the first launch of the case's tile kernel
 # (kernel names matching KERNELS, default "grouped_gemm") with its default clocks left alone (--clock-control none).
-# stdout: per case and path, the lines that say where the time goes (duration, throughputs, grid, stalls);
+# stdout: per case and path, the lines that say where the time goes (duration, throughputs, grid, stalls) and
+# the stall samples by kernel region (stall_regions.py: the wgmma kernel's consumer mainloop and epilogue,
+# producer, barrier-wait stubs);
 # $OUT/profile.tgz: every report (.ncu-rep, its details page as text, its SASS source page with the stall samples
 # of each instruction as CSV).
 set -uo pipefail
@@ -30,6 +32,7 @@ for case_name in "$@"; do
     grep -E '^\s+(Duration|Compute \(SM\) Throughput|Memory Throughput|L2 Cache Throughput|DRAM Throughput|Grid Size|Cluster Size|Registers Per Thread|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued Instruction|lts__t_bytes|smsp__inst_executed)' \
       "$report.txt" | sed 's/  */ /g'
     grep -E '^\s+grouped_gemm|^\s+void moekit' "$report.txt" | head -1 | cut -c1-160
+    python3 "$(dirname "${BASH_SOURCE[0]}")/stall_regions.py" "$report.sass.csv" --top 8
   done
 done
 tar -czf "$out/profile.tgz" -C "$reports" .
