@@ -144,12 +144,13 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   WgmmaOperandMaps maps{};
   if (p.mode == MOEKIT_GEMM_VARLEN_M) {
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
-    const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(gemm_tile_shape(tile).bn / 2);
+    const GemmTileShape shape = gemm_tile_shape(tile);
+    const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(shape.bn / 2);
     maps.b = make_weight_tensor_map(p, box_rows);
-    if (p.gather != MOEKIT_GEMM_GATHER_A && p.rows > 0)
-      maps.a = make_activation_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bm));
-    if (p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0)
-      maps.h = make_dgated_h_tensor_map(p, static_cast<int>(gemm_tile_shape(tile).bm));
+    // A and h: boxes of a whole row tile.
+    const int row_tile = static_cast<int>(shape.bm);
+    if (p.gather != MOEKIT_GEMM_GATHER_A && p.rows > 0) maps.a = make_activation_tensor_map(p, row_tile);
+    if (p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0) maps.h = make_dgated_h_tensor_map(p, row_tile);
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }

@@ -36,8 +36,9 @@ struct WgmmaOperandMaps {
   CUtensorMap c;  // with c_by_tma: C's (make_output_tensor_map)
   CUtensorMap h;  // DGATED: h's (make_dgated_h_tensor_map); unused otherwise
   // The epilogue writes C by TMA from shared memory (varlen K: stores for beta = 0 into C of the operand dtype,
-  // reduce-adds for beta = 1 into an fp32 C); else every thread stores its values. NOTE: varlen M's stores by TMA measured slower on the grouped shapes of
-  // gemm.json and gemm_issue7.json (down -2..-6%; GATED's -0..-7%), though faster for one expert taking every row.
+  // reduce-adds for beta = 1 into an fp32 C); else every thread stores its values. NOTE: varlen M's stores by TMA
+  // measured slower on the grouped shapes of gemm.json and gemm_issue7.json (down -2..-6%; GATED's -0..-7%), though
+  // faster for one expert taking every row.
   bool c_by_tma;
 };
 // Whether the wgmma kernel stores C by TMA for this problem (see WgmmaOperandMaps::c_by_tma).

@@ -523,6 +523,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   // Varlen M with A not gathered: A by TMA too (the producer's issue rate and the cp.async latency bound the
   // gathered kernel; TMA boxes take neither).
   const bool a_by_tma = !varlen_k && p.gather != MOEKIT_GEMM_GATHER_A;
+  // DGATED comes with B [E, k, n] only (wgmma_capable): the other instantiations drop its code.
+  const bool dgated = Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED;
   extern __shared__ __align__(1024) unsigned char shared[];
   const uint32_t smem = shared_address(shared);
   const uint32_t smem_a = smem + Cfg::a_offset;
@@ -552,7 +554,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
     if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&maps.b);
     if (a_by_tma) tma_prefetch_descriptor(&maps.a);
-    if (Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED) tma_prefetch_descriptor(&maps.h);
+    if (dgated) tma_prefetch_descriptor(&maps.h);
   }
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
@@ -574,8 +576,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
   const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
-  // DGATED comes with B [E, k, n] only (wgmma_capable): the other instantiations drop its code.
-  const bool dgated = Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool split_glu = gated && is_gated_activation(p.activation);
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
