@@ -234,6 +234,19 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
     }
   };
   if (slices > 0) load_sources(0);
+  // Whole slices copy only the operand that is not TMA's (the gathered one, or A when neither is): its rows'
+  // pointers, and which of its BN / 64 (or BM / 64) blocks this thread's chunk lies inside, per tile.
+  const bool gathered = gather_a || gather_b;
+  const T* copied_base = tma_b ? a_base : b_base;
+  const int64_t copied_ld = tma_b ? p.lda : p.ldb;
+  const int64_t copied_column = (tma_b ? t.m0 : n0) + 8 * chunk;
+  const int copied_blocks = tma_b ? Cfg::bm / 64 : BN / 64;
+  const int32_t copied_columns = tma_b ? a_columns : b_columns;
+  constexpr int max_blocks = (BN > Cfg::bm ? BN : Cfg::bm) / 64;
+  uint32_t block_inside = 0;
+#pragma unroll
+  for (int block = 0; block < max_blocks; ++block)
+    if (64 * block + 8 * chunk < copied_columns) block_inside |= 1u << block;
   for (int64_t s = 0; s < slices; ++s, ++it) {
     const uint32_t slot = it % S, parity = (it / S) & 1;
     mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
@@ -253,7 +266,23 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
         mbarrier_arrive(full);
       }
     }
-    const bool copy_a = !(whole && !tma_b), copy_b = !(whole && tma_b);
+    if (whole) {
+      const uint32_t copied_slot = tma_b ? smem_a + slot * Cfg::a_stage_bytes : smem_b + slot * Cfg::b_stage_bytes;
+#pragma unroll
+      for (int i = 0; i < passes; ++i) {
+        const int row = first_row + rows_per_pass * i;
+        const T* from = copied_base + (gathered ? sources[i] : slice_row + row) * copied_ld + copied_column;
+        const uint32_t line = copied_slot + mnmajor_offset<64>(row, chunk);
+#pragma unroll
+        for (int block = 0; block < max_blocks; ++block)
+          if (block < copied_blocks)
+            cp_async_16(line + block * Cfg::mn_block_bytes, from + 64 * block, (block_inside >> block) & 1u);
+      }
+      mbarrier_arrive_on_cp_async(full);
+      if (s + 1 < slices) load_sources(s + 1);
+      continue;
+    }
+    // The group's last, partial slice: both operands by cp.async, rows past the group zero-filled.
 #pragma unroll
     for (int i = 0; i < passes; ++i) {
       const int row = first_row + rows_per_pass * i;
@@ -264,19 +293,15 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
       const uint32_t line = mnmajor_offset<64>(row, chunk);
       const uint32_t a_line = smem_a + slot * Cfg::a_stage_bytes + line;
       const uint32_t b_line = smem_b + slot * Cfg::b_stage_bytes + line;
-      if (copy_a) {
 #pragma unroll
-        for (int block = 0; block < Cfg::bm / 64; ++block) {
-          const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
-          cp_async_16(a_line + block * Cfg::mn_block_bytes, a_row + 64 * block, ok);
-        }
+      for (int block = 0; block < Cfg::bm / 64; ++block) {
+        const bool ok = row_ok && 64 * block + 8 * chunk < a_columns;
+        cp_async_16(a_line + block * Cfg::mn_block_bytes, a_row + 64 * block, ok);
       }
-      if (copy_b) {
 #pragma unroll
-        for (int block = 0; block < BN / 64; ++block) {
-          const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
-          cp_async_16(b_line + block * Cfg::mn_block_bytes, b_row + 64 * block, ok);
-        }
+      for (int block = 0; block < BN / 64; ++block) {
+        const bool ok = row_ok && 64 * block + 8 * chunk < b_columns;
+        cp_async_16(b_line + block * Cfg::mn_block_bytes, b_row + 64 * block, ok);
       }
     }
     mbarrier_arrive_on_cp_async(full);
