@@ -23,9 +23,9 @@
 //     tile's slices, one more ring entry per 64-column epilogue chunk carrying h's values for it (load_dgated_h).
 //   consumers (warpgroups 1, 2: rows 0..63 and 64..127 of the tile): wgmma m64nBNk16 from the slot's
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
-//     into C of the operand dtype, or beta = 1 into an fp32 C (WgmmaOperandMaps::c_by_tma), puts its values into
-//     boxes in shared memory that TMA stores (or reduce-adds) write while the consumers go on
-//     (store_tile_by_tma); every other product goes through a per-warpgroup fp32 staging chunk of 64 x 64 in
+//     into C of the operand dtype, or beta = 1 into an fp32 C, and varlen M's STORE where the consumer's 64 rows
+//     lie inside the group (WgmmaOperandMaps::c_by_tma), puts its values into boxes in shared memory that TMA
+//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma); every other product goes through a per-warpgroup fp32 staging chunk of 64 x 64 in
 //     shared memory to the shared epilogues, DGATED's reading h from its ring entries.
 //
 // Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
@@ -478,7 +478,8 @@ __device__ __forceinline__ void store_shared_flipped_pair(uint32_t address, uint
       : "memory");
 }
 
-// varlen K (STORE only, so no bias) with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t. Out = T
+// STORE with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t (varlen M: rows wholly inside the
+// tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n] as (n, m, E)). Out = T
 // (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store rounds them, are
 // stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
 // each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. Per box
@@ -494,7 +495,8 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   constexpr int BN = Cfg::bn, box_bytes = 64 * 128, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
   const int warp = wg_tid / 32, lane = wg_tid % 32;
   const int64_t n0 = t.n_tile * BN;
-  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer), z = static_cast<int32_t>(t.group);
+  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
+  const auto z = static_cast<int32_t>(p.mode == MOEKIT_GEMM_VARLEN_K ? t.group : 0);
   // This thread's accumulator rows are 16 warp + lane / 4 (+ 8, 1024 bytes on). Its 2 values of 8-column block i of
   // a box sit at byte sizeof(Out) (8 i + 2 (lane % 4)) of the row: 16-byte chunk (sizeof(Out) / 2) i plus the lane's
   // part, whose bits the block's part leaves alone, so block i's address is the lane's XOR the block's chunk << 4
@@ -683,21 +685,21 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       wgmma_fence_accumulators(acc);
       if (slices > 0) release((it - 1) % S);
 
-      // ---- Epilogue by TMA stores (varlen K, maps.c_by_tma) ----
-      if constexpr (varlen_k) {
-        if (maps.c_by_tma) {
-          unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
-          if (p.c_fp32)
-            store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-          else
-            store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-          continue;
-        }
+      // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
+      const int64_t first_row = t.m0 + 64 * consumer;
+      if (maps.c_by_tma && (varlen_k || first_row + 64 <= t.m_end)) {
+        unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
+        if (varlen_k && p.c_fp32)
+          store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        else
+          store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        continue;
       }
 
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
-      const int64_t first_row = t.m0 + 64 * consumer;
+      // The staging rows hold the TMA boxes of this consumer's earlier tiles until their stores have read them.
+      if (maps.c_by_tma && wg_tid == 0) bulk_wait_group_read<0>();
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
@@ -784,7 +786,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     }
   }
   // The TMA stores read their shared memory sources until they complete.
-  if (varlen_k && warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
+  if (warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
   // Paired: neither CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if (paired) cluster_sync();
 #else

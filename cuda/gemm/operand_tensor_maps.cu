@@ -87,14 +87,19 @@ CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows) 
 }
 
 bool output_by_tma(const GroupedGemmProblem& p) {
-  // Varlen K is STORE only: TMA stores for beta = 0 into C of the operand dtype, TMA reduce-adds for beta = 1 into an
-  // fp32 C. TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions; the
+  // TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions; varlen K's
   // group stride is checked here).
-  const bool store = p.beta == 0.0f && !p.c_fp32, add = p.beta == 1.0f && p.c_fp32;
-  return p.mode == MOEKIT_GEMM_VARLEN_K && (store || add) && p.c_group_stride % 8 == 0 && p.m > 0 && p.n > 0;
+  const bool store = p.beta == 0.0f && !p.c_fp32;
+  // Varlen M: STORE (no bias, no activation) into C of the operand dtype.
+  if (p.mode == MOEKIT_GEMM_VARLEN_M) return p.epilogue == MOEKIT_EPILOGUE_STORE && store && p.rows > 0 && p.n > 0;
+  // Varlen K is STORE only: TMA stores for beta = 0 into C of the operand dtype, TMA reduce-adds for beta = 1 into an
+  // fp32 C.
+  const bool add = p.beta == 1.0f && p.c_fp32;
+  return (store || add) && p.c_group_stride % 8 == 0 && p.m > 0 && p.n > 0;
 }
 
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
+  if (p.mode == MOEKIT_GEMM_VARLEN_M) return matrix_map(p.dtype, p.c, p.n, p.rows, p.ldc, 64);
   const cuuint64_t bytes = p.c_fp32 ? 4 : element_bytes;
   const cuuint64_t dims[3] = {static_cast<cuuint64_t>(p.n), static_cast<cuuint64_t>(p.m),
                               static_cast<cuuint64_t>(p.groups)};

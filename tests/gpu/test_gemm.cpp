@@ -568,6 +568,12 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     w.n = 192;
     w.counts = {0, 1, 129, 127, 37};
     check_case(handles, make_inputs(rng, w));
+    // STORE: C by TMA stores where a consumer's 64 rows lie inside the group, by thread stores elsewhere.
+    Case stored_rows = w;
+    stored_rows.epilogue = MOEKIT_EPILOGUE_STORE;
+    stored_rows.bias = false;
+    stored_rows.counts = {0, 1, 129, 255, 128, 37};
+    check_case(handles, make_inputs(rng, stored_rows));
     Case d = cs;
     d.epilogue = MOEKIT_EPILOGUE_DGATED;
     d.bias = false;
