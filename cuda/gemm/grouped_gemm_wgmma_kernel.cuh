@@ -689,6 +689,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const int64_t first_row = t.m0 + 64 * consumer;
       if (maps.c_by_tma && (varlen_k || first_row + 64 <= t.m_end)) {
         unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
+        // The boxes take turns on the two buffers within a tile, and a tile may end on either (fewer boxes at the
+        // last column tile), so a tile starts once every earlier store has read its buffer (long since: a mainloop
+        // ago).
+        if (wg_tid == 0) bulk_wait_group_read<0>();
         if (varlen_k && p.c_fp32)
           store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
         else
