@@ -136,6 +136,8 @@ void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& 
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, false, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, maps, sm_count, paired, stream);
+  else if (p.epilogue == MOEKIT_EPILOGUE_GATED)
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk, true>(p, maps, sm_count, paired, stream);
   else
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, paired, stream);
 }

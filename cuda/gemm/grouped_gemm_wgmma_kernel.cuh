@@ -1,6 +1,6 @@
 // The grouped GEMM tile kernel of sm_90a, bf16 / fp16 in, fp32 accumulators (grouped_gemm.h's semantics, the same
 // epilogue code and rounding points as the mma.sync kernel: gemm_tile_parts.cuh), for the operand layouts Op:
-//   varlen_m_nk: B [E, n, k] (K-major) with the epilogues STORE, BIAS and GATED;
+//   varlen_m_nk: B [E, n, k] (K-major) with the epilogues STORE and BIAS, or (its own instantiation) GATED;
 //   varlen_m_kn: B [E, k, n] (MN-major) with STORE, BIAS and DGATED;
 //   varlen_k:    C[e] [m, n] = A_e^T B_e over the group's rows, A [rows, m] and B [rows, n] both MN-major in shared
 //                memory, either gathered by row, epilogue STORE (alpha, beta, bf16/fp16/fp32 C).
@@ -539,7 +539,10 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   }
 }
 
-template <class T, class Cfg, Operands Op>
+// Gated: the instantiation for GATED (B [E, n, k] only), with no other epilogue's code; otherwise every epilogue of
+// the layout but GATED. NOTE: one kernel with both carried the STORE epilogue's TMA stores into GATED's register
+// allocation, and the up-projection ran 4-8% slower.
+template <class T, class Cfg, Operands Op, bool Gated>
 __global__ void __launch_bounds__(Cfg::threads, 1)
     grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ WgmmaOperandMaps maps) {
 #if MOEKIT_SM90A_ENABLED
@@ -602,7 +605,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   auto slices_of = [&](const WgmmaTile& t) -> int64_t {
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
-  const bool gated = p.epilogue == MOEKIT_EPILOGUE_GATED;
+  static_assert(!Gated || Op == Operands::varlen_m_nk, "GATED pairs the columns of B [E, n, k]");
+  constexpr bool gated = Gated;
   const bool split_glu = gated && is_gated_activation(p.activation);
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
@@ -687,7 +691,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
       // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
       const int64_t first_row = t.m0 + 64 * consumer;
-      if (maps.c_by_tma && (varlen_k || first_row + 64 <= t.m_end)) {
+      if (!gated && maps.c_by_tma && (varlen_k || first_row + 64 <= t.m_end)) {
         unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
         // The boxes take turns on the two buffers within a tile, and a tile may end on either (fewer boxes at the
         // last column tile), so a tile starts once every earlier store has read its buffer (long since: a mainloop
@@ -703,7 +707,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
       // The staging rows hold the TMA boxes of this consumer's earlier tiles until their stores have read them.
-      if (maps.c_by_tma && wg_tid == 0) bulk_wait_group_read<0>();
+      if (!gated && maps.c_by_tma && wg_tid == 0) bulk_wait_group_read<0>();
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
@@ -790,7 +794,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     }
   }
   // The TMA stores read their shared memory sources until they complete.
-  if (warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
+  if (!gated && warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
   // Paired: neither CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if (paired) cluster_sync();
 #else
@@ -801,14 +805,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
-template <int32_t Dtype, GemmTile Tile, Operands Op>
+template <int32_t Dtype, GemmTile Tile, Operands Op, bool Gated>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
   const int64_t bound = Op == Operands::varlen_k ? varlen_k_tile_count(p, Cfg::bm) : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
-  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op>;
+  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Gated>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
   if (!paired || Op == Operands::varlen_k) {
