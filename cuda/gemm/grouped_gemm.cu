@@ -134,6 +134,8 @@ void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& 
                            cudaStream_t stream) {
   if (p.mode == MOEKIT_GEMM_VARLEN_K)
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, false, stream);
+  else if (p.b_layout == MOEKIT_GEMM_B_KN && p.epilogue == MOEKIT_EPILOGUE_DGATED)
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn, true>(p, maps, sm_count, paired, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, maps, sm_count, paired, stream);
   else if (p.epilogue == MOEKIT_EPILOGUE_GATED)

@@ -51,10 +51,10 @@ CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p);
 CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to
-// pairs) clusters of 2 CTAs sharing the B tile by multicast. `Gated`: the kernel for GATED (B [E, n, k]); the others
-// take every other epilogue. One instantiation per translation unit
-// (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|vk>_<dtype>_<tile>.cu).
-template <int32_t Dtype, GemmTile Tile, Operands Op, bool Gated = false>
+// pairs) clusters of 2 CTAs sharing the B tile by multicast. `Activated`: the kernel for the layout's activation
+// epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others take STORE and BIAS. One instantiation per
+// translation unit (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>.cu).
+template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated = false>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream);
 

@@ -1,7 +1,7 @@
 // The grouped GEMM tile kernel of sm_90a, bf16 / fp16 in, fp32 accumulators (grouped_gemm.h's semantics, the same
 // epilogue code and rounding points as the mma.sync kernel: gemm_tile_parts.cuh), for the operand layouts Op:
 //   varlen_m_nk: B [E, n, k] (K-major) with the epilogues STORE and BIAS, or (its own instantiation) GATED;
-//   varlen_m_kn: B [E, k, n] (MN-major) with STORE, BIAS and DGATED;
+//   varlen_m_kn: B [E, k, n] (MN-major) with STORE and BIAS, or (its own instantiation) DGATED;
 //   varlen_k:    C[e] [m, n] = A_e^T B_e over the group's rows, A [rows, m] and B [rows, n] both MN-major in shared
 //                memory, either gathered by row, epilogue STORE (alpha, beta, bf16/fp16/fp32 C).
 //
@@ -25,8 +25,9 @@
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
 //     into C of the operand dtype, or beta = 1 into an fp32 C, and varlen M's STORE where the consumer's 64 rows
 //     lie inside the group (WgmmaOperandMaps::c_by_tma), puts its values into boxes in shared memory that TMA
-//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma); every other product goes through a per-warpgroup fp32 staging chunk of 64 x 64 in
-//     shared memory to the shared epilogues, DGATED's reading h from its ring entries.
+//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma); every other product goes
+//     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues, DGATED's
+//     reading h from its ring entries.
 //
 // Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
 // group strides multiples of 8 elements; the grid at most the device's SM count (one CTA per SM: ~226 KiB).
@@ -539,10 +540,10 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   }
 }
 
-// Gated: the instantiation for GATED (B [E, n, k] only), with no other epilogue's code; otherwise every epilogue of
-// the layout but GATED. NOTE: one kernel with both carried the STORE epilogue's TMA stores into GATED's register
-// allocation, and the up-projection ran 4-8% slower.
-template <class T, class Cfg, Operands Op, bool Gated>
+// Activated: the instantiation for the layout's activation epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED), with
+// no other epilogue's code; otherwise STORE and BIAS (varlen K: STORE). NOTE: one kernel with both carried the
+// STORE epilogue's TMA stores into GATED's register allocation, and the up-projection ran 4-8% slower.
+template <class T, class Cfg, Operands Op, bool Activated>
 __global__ void __launch_bounds__(Cfg::threads, 1)
     grouped_gemm_wgmma_kernel(const GroupedGemmProblem p, const __grid_constant__ WgmmaOperandMaps maps) {
 #if MOEKIT_SM90A_ENABLED
@@ -553,8 +554,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   // Varlen M with A not gathered: A by TMA too (the producer's issue rate and the cp.async latency bound the
   // gathered kernel; TMA boxes take neither).
   const bool a_by_tma = !varlen_k && p.gather != MOEKIT_GEMM_GATHER_A;
-  // DGATED comes with B [E, k, n] only (wgmma_capable): the other instantiations drop its code.
-  const bool dgated = Op == Operands::varlen_m_kn && p.epilogue == MOEKIT_EPILOGUE_DGATED;
+  static_assert(!(Activated && varlen_k), "varlen K is STORE only");
+  // GATED pairs the columns of B [E, n, k]; DGATED reads B [E, k, n] (wgmma_capable).
+  constexpr bool gated = Activated && Op == Operands::varlen_m_nk;
+  constexpr bool dgated = Activated && Op == Operands::varlen_m_kn;
   extern __shared__ __align__(1024) unsigned char shared[];
   const uint32_t smem = shared_address(shared);
   const uint32_t smem_a = smem + Cfg::a_offset;
@@ -605,8 +608,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   auto slices_of = [&](const WgmmaTile& t) -> int64_t {
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
-  static_assert(!Gated || Op == Operands::varlen_m_nk, "GATED pairs the columns of B [E, n, k]");
-  constexpr bool gated = Gated;
   const bool split_glu = gated && is_gated_activation(p.activation);
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
@@ -717,7 +718,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         stage_chunk_at<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
         named_barrier_sync(2 + consumer, 128);
       };
-      if (dgated) {
+      if constexpr (dgated) {
         // The dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row sum
         // theirs by a fixed butterfly, then the chunks add in order. The rows' score scales once per tile.
         float row_dots[64 / 16] = {}, row_scales[64 / 16] = {};
@@ -765,29 +766,29 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
             if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
           }
         }
-        continue;
-      }
-      // STORE, BIAS, GATED: unrolled over the chunks (rolled, these lighter epilogues ran 0.8-0.99x).
+      } else {
+        // STORE, BIAS, GATED: unrolled over the chunks (rolled, these lighter epilogues ran 0.8-0.99x).
 #pragma unroll
-      for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
-        stage(chunk);
+        for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+          stage(chunk);
 #pragma unroll 1
-        for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
-          const int64_t r = first_row + row;
-          if (r >= t.m_end) break;
-          const float* line = staging + row * Cfg::staging_pitch;
-          if (split_glu) {
-            const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
-            if (j < p.act_width) epilogue_gated_glu<T>(p, act, line + 8 * item, line + 32 + 8 * item, t.group, r, j);
-          } else {
-            const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
-            if (col >= p.n) continue;
-            // varlen K: r is C's row m of group t.group.
-            const int64_t c_offset = varlen_k ? t.group * p.c_group_stride + r * p.ldc + col : r * p.ldc + col;
-            if (gated)
-              epilogue_gated_plain<T>(p, act, line + 8 * item, t.group, r, col);
-            else
-              epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
+          for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
+            const int64_t r = first_row + row;
+            if (r >= t.m_end) break;
+            const float* line = staging + row * Cfg::staging_pitch;
+            if (split_glu) {
+              const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
+              if (j < p.act_width) epilogue_gated_glu<T>(p, act, line + 8 * item, line + 32 + 8 * item, t.group, r, j);
+            } else {
+              const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
+              if (col >= p.n) continue;
+              // varlen K: r is C's row m of group t.group.
+              const int64_t c_offset = varlen_k ? t.group * p.c_group_stride + r * p.ldc + col : r * p.ldc + col;
+              if (gated)
+                epilogue_gated_plain<T>(p, act, line + 8 * item, t.group, r, col);
+              else
+                epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
+            }
           }
         }
       }
@@ -805,14 +806,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
-template <int32_t Dtype, GemmTile Tile, Operands Op, bool Gated>
+template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
   using Cfg = typename WgmmaTileFor<Tile>::type;
   const int64_t bound = Op == Operands::varlen_k ? varlen_k_tile_count(p, Cfg::bm) : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
-  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Gated>;
+  auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Activated>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
   if (!paired || Op == Operands::varlen_k) {

@@ -1,5 +1,5 @@
-// The sm_90a grouped GEMM tile kernel (wgmma) for varlen M, B [E, k, n], fp16 operands, 128x256 tiles (one
-// instantiation per translation unit).
+// The sm_90a grouped GEMM tile kernel (wgmma) for varlen M, B [E, k, n], the STORE and BIAS epilogues, fp16
+// operands, 128x256 tiles (one instantiation per translation unit).
 #include "cuda/gemm/grouped_gemm_wgmma_kernel.cuh"
 
 template void moekit::cuda::gemm::launch_wgmma_tiles<MOEKIT_DTYPE_FP16, moekit::GemmTile::m128_n256,
