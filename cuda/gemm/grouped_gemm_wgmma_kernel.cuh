@@ -204,7 +204,8 @@ __device__ __forceinline__ float pick(const float (&values)[4], int i) {
 // every slice wholly inside the group: a TMA box cannot stop at the group's end, so the group's last, partial
 // slice is copied by cp.async with the rows past the end zero-filled. A masked copy keeps its unmasked address
 // (cp_async_16 reads nothing then): choosing a safe address per copy cost the producer, whose own instruction
-// latency bounds the weight gradients (ncu: consumers waiting on `full`), two instructions per copy.
+// latency bounds the weight gradients (ncu: consumers waiting on `full`), two instructions per copy; for the same
+// reason a whole slice copies its one cp.async operand through a shorter path than the partial slice's.
 // `it` counts ring uses across tiles.
 template <class T, class Cfg>
 __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const CUtensorMap* map,
