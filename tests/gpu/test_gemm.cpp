@@ -509,6 +509,36 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
     setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
 }
 
+// The TMA-store epilogues (varlen-M STORE, varlen K with beta = 0 and with the fp32 reduce-adds) where every
+// persistent CTA walks 2-3 tiles (~290 of them) whose column tiles hold 4, 4 and 1 TMA boxes (n = 576 with 128 x 256
+// tiles): a consumer's next tile may start on either of its two box buffers while earlier stores drain.
+TEST_CASE("gemm: TMA-store epilogues over several tiles per CTA and odd box counts", "[gemm][wgmma]") {
+  Handles handles;
+  std::mt19937_64 rng(6);
+  Case m;
+  m.n = 576;
+  m.k = 128;
+  m.counts = {3000, 0, 4097, 5001, 127, 1};
+  m.sources = 4096;
+  m.tile = "128x256";
+  for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A}) {
+    m.gather = gather;
+    check_case(handles, make_inputs(rng, m));
+  }
+  Case k;
+  k.mode = MOEKIT_GEMM_VARLEN_K;
+  k.gather = MOEKIT_GEMM_GATHER_B;
+  k.n = 576;
+  k.k = 2048;  // C's middle dim: 16 m tiles per group
+  k.counts = {300, 0, 257, 129, 64, 1};
+  k.tile = "128x256";
+  check_case(handles, make_inputs(rng, k));
+  k.out_dtype = MOEKIT_DTYPE_FP32;
+  k.beta = 1.0;
+  k.alpha = 0.5;
+  check_case(handles, make_inputs(rng, k));
+}
+
 TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
   Handles handles;
   std::mt19937_64 rng(2);
