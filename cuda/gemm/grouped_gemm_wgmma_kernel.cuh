@@ -217,6 +217,7 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   const T* a_base = static_cast<const T*>(p.a);
   const T* b_base = static_cast<const T*>(p.b);
   const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A, gather_b = p.gather == MOEKIT_GEMM_GATHER_B;
+  const bool gathered = gather_a || gather_b;
   const int chunk = wg_tid % 8, first_row = wg_tid / 8;
   const int64_t n0 = t.n_tile * BN;
   // The tile's columns inside m and n (both multiples of 8, so a 16-byte chunk is wholly in or out).
@@ -230,7 +231,7 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
 #pragma unroll
     for (int i = 0; i < passes; ++i) {
       const int64_t r = t.row_begin + s * BK + first_row + rows_per_pass * i;
-      sources[i] = (gather_a || gather_b) && r < t.row_end
+      sources[i] = gathered && r < t.row_end
                        ? static_cast<int32_t>(load_index(p.gather_idx, r, p.gather_int64))
                        : 0;
     }
@@ -238,7 +239,6 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   if (slices > 0) load_sources(0);
   // Whole slices copy only the operand that is not TMA's (the gathered one, or A when neither is): its rows'
   // pointers, and which of its BN / 64 (or BM / 64) blocks this thread's chunk lies inside, per tile.
-  const bool gathered = gather_a || gather_b;
   const T* copied_base = tma_b ? a_base : b_base;
   const int64_t copied_ld = tma_b ? p.lda : p.ldb;
   const int64_t copied_column = (tma_b ? t.m0 : n0) + 8 * chunk;
@@ -610,6 +610,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
   const bool split_glu = gated && is_gated_activation(p.activation);
+  // The epilogue stores C by TMA (WgmmaOperandMaps::c_by_tma; never GATED's or DGATED's).
+  const bool tma_stores = !Activated && maps.c_by_tma;
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
 
@@ -693,12 +695,12 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
       // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
       const int64_t first_row = t.m0 + 64 * consumer;
-      if (!gated && maps.c_by_tma && (varlen_k || first_row + 64 <= t.m_end)) {
+      // The TMA boxes take turns on two buffers inside this consumer's staging rows, and a tile may end on either
+      // (fewer boxes at the last column tile), so a tile's epilogue, by TMA or by the threads, starts once every
+      // earlier store has read its buffer (long since: a mainloop ago).
+      if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
+      if (tma_stores && (varlen_k || first_row + 64 <= t.m_end)) {
         unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
-        // The boxes take turns on the two buffers within a tile, and a tile may end on either (fewer boxes at the
-        // last column tile), so a tile starts once every earlier store has read its buffer (long since: a mainloop
-        // ago).
-        if (wg_tid == 0) bulk_wait_group_read<0>();
         if (varlen_k && p.c_fp32)
           store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
         else
@@ -708,8 +710,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
       // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
       const int64_t n0 = t.n_tile * BN;
-      // The staging rows hold the TMA boxes of this consumer's earlier tiles until their stores have read them.
-      if (!gated && maps.c_by_tma && wg_tid == 0) bulk_wait_group_read<0>();
       const int items_per_row = split_glu ? 4 : 8;
       const int rows_per_pass = 128 / items_per_row;
       const int item = wg_tid % items_per_row;
@@ -796,7 +796,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     }
   }
   // The TMA stores read their shared memory sources until they complete.
-  if (!gated && warpgroup > 0 && wg_tid == 0 && maps.c_by_tma) bulk_wait_group<0>();
+  if (tma_stores && warpgroup > 0 && wg_tid == 0) bulk_wait_group<0>();
   // Paired: neither CTA leaves while its peer may still multicast into it or arrive on its barriers.
   if (paired) cluster_sync();
 #else
