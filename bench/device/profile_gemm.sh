@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # There (the GPU machine, from the repository root): Nsight Compute on the grouped GEMM kernels of gemm.json cases.
 #   bench/device/profile_gemm.sh BENCH CASE [CASE ...]
-# BENCH: a moekit-bench executable; CASE: a case name of bench/configs/gemm.json. Each case runs once per entry of
+# BENCH: a moekit-bench executable; CASE: a case name of CONFIG (default bench/configs/gemm.json). Each case runs once per entry of
 # PATHS (MOEKIT_GEMM_PATH values, default "mma wgmma"), and ncu profiles the first launch of the case's tile kernel
 # (kernel names matching KERNELS, default "grouped_gemm") with its default clocks left alone (--clock-control none).
 # stdout: per case and path, the lines that say where the time goes (duration, throughputs, grid, stalls) and
@@ -14,6 +14,7 @@ bench=$(realpath "${1:?usage: profile_gemm.sh BENCH CASE [CASE ...]}")
 shift
 paths=${PATHS:-mma wgmma}
 kernels=${KERNELS:-grouped_gemm}
+config=${CONFIG:-bench/configs/gemm.json}
 out=${OUT:-/tmp/moekit-profile-out}
 reports=$(mktemp -d)
 mkdir -p "$out"
@@ -24,7 +25,7 @@ for case_name in "$@"; do
       --section SpeedOfLight --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis \
       --section WarpStateStats --section SchedulerStats --section SourceCounters --import-source no \
       --metrics lts__t_bytes.sum.per_second,smsp__inst_executed.sum \
-      "$bench" bench/configs/gemm.json --backend cuda --filter "^${case_name}\$" >"$report.log" 2>&1
+      "$bench" "$config" --backend cuda --filter "^${case_name}\$" >"$report.log" 2>&1
     ncu -i "$report.ncu-rep" --page details >"$report.txt" 2>&1
     # Per SASS instruction: its stall samples by reason (the columns of the source page).
     ncu -i "$report.ncu-rep" --page source --print-source sass --csv >"$report.sass.csv" 2>&1

@@ -68,13 +68,15 @@ __device__ __forceinline__ void load8(const T* p, float (&out)[8]) {
 // the next tiles re-read stay in L2.
 template <class T>
 __device__ __forceinline__ void store8_rounded(T* p, const float (&in)[8], float (&rounded)[8]) {
-  Vec16<T> raw;
+  uint32_t pairs[4];
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    raw.v[i] = from_float<T>(in[i]);
-    rounded[i] = to_float(raw.v[i]);
+  for (int i = 0; i < 4; ++i) {
+    pairs[i] = round_pair<T>(in[2 * i], in[2 * i + 1]);
+    const float2 back = unpack_pair<T>(pairs[i]);
+    rounded[2 * i] = back.x;
+    rounded[2 * i + 1] = back.y;
   }
-  __stcs(reinterpret_cast<uint4*>(p), *reinterpret_cast<const uint4*>(&raw));
+  __stcs(reinterpret_cast<uint4*>(p), make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]));
 }
 
 template <class T>
@@ -201,8 +203,10 @@ __device__ __forceinline__ void epilogue_gated_plain(const GroupedGemmProblem& p
   float v[8], h[8];
   scaled_plus_bias<T>(p, staged, group, col, v);
   store8_rounded(static_cast<T*>(p.c) + row * p.ldc + col, v, h);
+  with_plain_kind(act.kind, [&](auto kind) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] = plain_forward(act, h[i]);
+    for (int i = 0; i < 8; ++i) v[i] = plain_forward<decltype(kind)::value>(h[i]);
+  });
   store8(static_cast<T*>(p.act) + row * p.ld_act + col, v);
 }
 
@@ -233,8 +237,10 @@ __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, 
   float hg[8], hu[8];
   store_glu8(static_cast<T*>(p.c) + row * p.ldc, j, p.act_width, interleaved, g, u, hg, hu);
   float a[8];
+  with_gated_kind(act.kind, [&](auto kind) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) a[i] = gated_forward(act, hg[i], hu[i]);
+    for (int i = 0; i < 8; ++i) a[i] = gated_forward<decltype(kind)::value>(act.limit, hg[i], hu[i]);
+  });
   store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
 }
 
@@ -251,24 +257,30 @@ __device__ __forceinline__ float epilogue_dgated_from_h(const GroupedGemmProblem
   if (is_gated_activation(act.kind)) {
     const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
     float dg[8], du[8];
+    with_gated_kind(act.kind, [&](auto kind) {
+      constexpr int32_t K = decltype(kind)::value;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float da = p.alpha * da_raw[i];
-      a[i] = gated_forward(act, g[i], u[i]);
-      dot += da * a[i];
-      gated_backward(act, g[i], u[i], scale * da, dg[i], du[i]);
-    }
+      for (int i = 0; i < 8; ++i) {
+        const float da = p.alpha * da_raw[i];
+        a[i] = gated_forward<K>(act.limit, g[i], u[i]);
+        dot += da * a[i];
+        gated_backward<K>(act.limit, g[i], u[i], scale * da, dg[i], du[i]);
+      }
+    });
     float unused_g[8], unused_u[8];
     store_glu8(dh_row, j, p.act_width, interleaved, dg, du, unused_g, unused_u);
   } else {
     float dz[8];
+    with_plain_kind(act.kind, [&](auto kind) {
+      constexpr int32_t K = decltype(kind)::value;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float da = p.alpha * da_raw[i];
-      a[i] = plain_forward(act, g[i]);
-      dot += da * a[i];
-      dz[i] = scale * da * plain_grad(act, g[i]);
-    }
+      for (int i = 0; i < 8; ++i) {
+        const float da = p.alpha * da_raw[i];
+        a[i] = plain_forward<K>(g[i]);
+        dot += da * a[i];
+        dz[i] = scale * da * plain_grad<K>(g[i]);
+      }
+    });
     store8(dh_row + j, dz);
   }
 #pragma unroll

@@ -367,13 +367,18 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
   const T* a_base = static_cast<const T*>(p.a);
   const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A;
   const int chunk = wg_tid % 8;  // this thread's 16-byte chunk of every A row it copies
-  // The source rows of this thread's 8 rows of the tile (-1 past the group), the same for every slice.
-  int32_t sources[BM / 16];
+  // Where this thread's 8 rows of the tile start (their chunk of k = 0), the same for every slice, and which of them
+  // lie inside the group (bit i: row i): per copy one add, no 64-bit row math (the producer's own instruction
+  // latency paced the gathered kernel). A row past the group keeps a_base, read by nothing (cp_async_16 zero-fills).
+  const T* rows[BM / 16];
+  uint32_t inside = 0;
 #pragma unroll
   for (int i = 0; i < BM / 16; ++i) {
     const int64_t r = t.row_begin + wg_tid / 8 + 16 * i;
-    sources[i] =
-        r < t.row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
+    const bool ok = r < t.row_end;
+    const int64_t src = ok ? (gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : 0;
+    rows[i] = a_base + (ok ? src * p.lda + 8 * chunk : 0);
+    inside |= static_cast<uint32_t>(ok) << i;
   }
   for (int64_t s = 0; s < slices; ++s, ++it) {
     const uint32_t slot = it % S, parity = (it / S) & 1;
@@ -389,10 +394,7 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
 #pragma unroll
     for (int i = 0; i < BM / 16; ++i) {
       const int row = wg_tid / 8 + 16 * i;
-      const int32_t src = sources[i];
-      const bool ok = src >= 0;
-      const T* from = a_base + (ok ? src * p.lda + k0 + 8 * chunk : 0);
-      cp_async_16(a_slot + kmajor_offset(row, chunk), from, ok);
+      cp_async_16(a_slot + kmajor_offset(row, chunk), rows[i] + k0, (inside >> i) & 1u);
     }
     mbarrier_arrive_on_cp_async(full);
   }
@@ -523,8 +525,7 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
         if constexpr (add) {
           store_shared_flipped_pair(address, flip, __float_as_uint(v0), __float_as_uint(v1));
         } else {
-          alignas(4) Out pair[2] = {from_float<Out>(v0), from_float<Out>(v1)};
-          store_shared_flipped(address, flip, *reinterpret_cast<const uint32_t*>(pair));
+          store_shared_flipped(address, flip, round_pair<Out>(v0, v1));
         }
       }
     }
