@@ -177,6 +177,13 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   }
 }
 
+// The wgmma kernel's varlen-K copies address a row as a 32-bit row times a 32-bit stride in bytes; rows of 2 Gi
+// values or more (never seen in practice) take the mma.sync kernel, whose workspace is the same (none).
+bool varlen_k_strides_fit(const GroupedGemmProblem& p) {
+  const int64_t limit = int64_t{UINT32_MAX} / 2;  // elements of 2 bytes
+  return p.lda <= limit && p.ldb <= limit;
+}
+
 }  // namespace
 
 void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const GemmWorkspaceLayout& layout,
@@ -195,7 +202,7 @@ void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const 
                                                            p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
     check_launch("grouped GEMM: row tile list");
   }
-  if (path == GemmPath::wgmma || path == GemmPath::wgmma_pair) {
+  if ((path == GemmPath::wgmma || path == GemmPath::wgmma_pair) && (varlen_m || varlen_k_strides_fit(p))) {
     launch_wgmma(p, tile, path == GemmPath::wgmma_pair, stream);
   } else {
     const Operands op = !varlen_m                        ? Operands::varlen_k

@@ -226,22 +226,32 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   const bool tma_b = !gather_b;
   const int tma_blocks = tma_b ? BN / 64 : Cfg::bm / 64;
   const auto tma_column = static_cast<int32_t>(tma_b ? n0 : t.m0);
+  // The source rows of this thread's rows of slice s (gathered: their indices; else the rows themselves). Rows
+  // past the group's end (only in its last slice, whose copies mask them) take the last row's: no branch per row.
   int32_t sources[passes];
+  const auto last_row = static_cast<int32_t>(t.row_end - 1);
   const auto load_sources = [&](int64_t s) {
+    const auto first = static_cast<int32_t>(t.row_begin + s * BK + first_row);
+    if (gathered) {
 #pragma unroll
-    for (int i = 0; i < passes; ++i) {
-      const int64_t r = t.row_begin + s * BK + first_row + rows_per_pass * i;
-      sources[i] = gathered && r < t.row_end
-                       ? static_cast<int32_t>(load_index(p.gather_idx, r, p.gather_int64))
-                       : 0;
+      for (int i = 0; i < passes; ++i)
+        sources[i] = static_cast<int32_t>(
+            load_index(p.gather_idx, min(first + rows_per_pass * i, last_row), p.gather_int64));
+    } else {
+#pragma unroll
+      for (int i = 0; i < passes; ++i) sources[i] = min(first + rows_per_pass * i, last_row);
     }
   };
   if (slices > 0) load_sources(0);
   // Whole slices copy only the operand that is not TMA's (the gathered one, or A when neither is): its rows'
   // pointers, and which of its BN / 64 (or BM / 64) blocks this thread's chunk lies inside, per tile.
+  // NOTE: a row's address is one wide multiply-add in bytes, from a 32-bit row (rows are below 2^31, as the int32
+  // offsets and gather indices are) and a 32-bit row stride in bytes (varlen_k_strides_fit; wider rows go to
+  // mma.sync): with the 64-bit element math of T pointers it took ~8 instructions per row.
   const T* copied_base = tma_b ? a_base : b_base;
-  const int64_t copied_ld = tma_b ? p.lda : p.ldb;
   const int64_t copied_column = (tma_b ? t.m0 : n0) + 8 * chunk;
+  const auto copied_start = reinterpret_cast<uint64_t>(copied_base + copied_column);
+  const auto copied_ld_bytes = static_cast<uint32_t>((tma_b ? p.lda : p.ldb) * static_cast<int64_t>(sizeof(T)));
   const int copied_blocks = tma_b ? Cfg::bm / 64 : BN / 64;
   const int32_t copied_columns = tma_b ? a_columns : b_columns;
   constexpr int max_blocks = (BN > Cfg::bm ? BN : Cfg::bm) / 64;
@@ -273,7 +283,8 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
 #pragma unroll
       for (int i = 0; i < passes; ++i) {
         const int row = first_row + rows_per_pass * i;
-        const T* from = copied_base + (gathered ? sources[i] : slice_row + row) * copied_ld + copied_column;
+        const T* from = reinterpret_cast<const T*>(
+            copied_start + static_cast<uint64_t>(static_cast<uint32_t>(sources[i])) * copied_ld_bytes);
         const uint32_t line = copied_slot + mnmajor_offset<64>(row, chunk);
 #pragma unroll
         for (int block = 0; block < max_blocks; ++block)
