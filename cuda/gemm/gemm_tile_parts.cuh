@@ -166,11 +166,14 @@ __device__ __forceinline__ void store_glu8(T* row, int64_t j, int64_t act_width,
 // Epilogues: each call handles 8 values of one row of the tile, read from the fp32 staging tile.
 // ------------------------------------------------------------------------------------------------------------
 
-// v = alpha * staged[0..8) + bias[group, col..col+8) (no bias when p.bias is null).
-template <class T>
+// v = alpha * staged[0..8) + bias[group, col..col+8) (no bias when p.bias is null). !Scaled: the caller knows
+// alpha = 1 and no bias, and v is the staged values (the GATED epilogues' common case, without the 16 multiplies
+// and the bias's predicated instructions per 8 values).
+template <class T, bool Scaled = true>
 __device__ __forceinline__ void scaled_plus_bias(const GroupedGemmProblem& p, const float* staged, int64_t group,
                                                  int64_t col, float (&v)[8]) {
   load8_fp32(staged, v);
+  if constexpr (!Scaled) return;
 #pragma unroll
   for (int i = 0; i < 8; ++i) v[i] *= p.alpha;
   if (p.bias != nullptr) {
@@ -197,11 +200,11 @@ __device__ __forceinline__ void epilogue_store(const GroupedGemmProblem& p, cons
 }
 
 // GATED with a non-gated activation: h = round(alpha product + bias), a = round(act(h)), both at column col.
-template <class T>
+template <class T, bool Scaled = true>
 __device__ __forceinline__ void epilogue_gated_plain(const GroupedGemmProblem& p, const DeviceActivation& act,
                                                      const float* staged, int64_t group, int64_t row, int64_t col) {
   float v[8], h[8];
-  scaled_plus_bias<T>(p, staged, group, col, v);
+  scaled_plus_bias<T, Scaled>(p, staged, group, col, v);
   store8_rounded(static_cast<T*>(p.c) + row * p.ldc + col, v, h);
   with_plain_kind(act.kind, [&](auto kind) {
 #pragma unroll
@@ -212,7 +215,7 @@ __device__ __forceinline__ void epilogue_gated_plain(const GroupedGemmProblem& p
 
 // GATED with a gated activation: 8 gate and 8 up values of activation columns j..j+7 (staged apart), stored at
 // their layout's h columns; a from the rounded h.
-template <class T>
+template <class T, bool Scaled = true>
 __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, const DeviceActivation& act,
                                                    const float* staged_gate, const float* staged_up,
                                                    int64_t group, int64_t row, int64_t j) {
@@ -220,12 +223,14 @@ __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, 
   float g[8], u[8];
   load8_fp32(staged_gate, g);
   load8_fp32(staged_up, u);
+  if constexpr (Scaled) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    g[i] *= p.alpha;
-    u[i] *= p.alpha;
+    for (int i = 0; i < 8; ++i) {
+      g[i] *= p.alpha;
+      u[i] *= p.alpha;
+    }
   }
-  if (p.bias != nullptr) {
+  if (Scaled && p.bias != nullptr) {
     float bg[8], bu[8];
     load_glu8(static_cast<const T*>(p.bias) + group * p.bias_stride, j, p.act_width, interleaved, bg, bu);
 #pragma unroll
