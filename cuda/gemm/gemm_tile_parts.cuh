@@ -173,14 +173,15 @@ template <class T, bool Scaled = true>
 __device__ __forceinline__ void scaled_plus_bias(const GroupedGemmProblem& p, const float* staged, int64_t group,
                                                  int64_t col, float (&v)[8]) {
   load8_fp32(staged, v);
-  if constexpr (!Scaled) return;
+  if constexpr (Scaled) {
 #pragma unroll
-  for (int i = 0; i < 8; ++i) v[i] *= p.alpha;
-  if (p.bias != nullptr) {
-    float bias[8];
-    load8(static_cast<const T*>(p.bias) + group * p.bias_stride + col, bias);
+    for (int i = 0; i < 8; ++i) v[i] *= p.alpha;
+    if (p.bias != nullptr) {
+      float bias[8];
+      load8(static_cast<const T*>(p.bias) + group * p.bias_stride + col, bias);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) v[i] += bias[i];
+      for (int i = 0; i < 8; ++i) v[i] += bias[i];
+    }
   }
 }
 
