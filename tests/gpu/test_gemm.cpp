@@ -545,6 +545,49 @@ TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[
   for (const Case& cs : varlen_k_cases()) check_case(handles, make_inputs(rng, cs));
 }
 
+// varlen K's wgmma kernel addresses a copied row as a 32-bit row times a 32-bit stride in bytes, so a call whose
+// rows lie 2^31 values (4 GiB) apart runs on mma.sync: it must give the bits of the same call on compact rows with
+// mma.sync forced (that kernel's arithmetic does not depend on strides).
+TEST_CASE("gemm: varlen K with rows 4 GiB apart runs on mma.sync and gives its bits", "[gemm]") {
+  Handles handles;
+  std::mt19937_64 rng(17);
+  Case cs;
+  cs.mode = MOEKIT_GEMM_VARLEN_K;
+  cs.k = 136;
+  cs.n = 264;
+  cs.counts = {1, 0, 2};
+  cs.extra_rows = 0;
+  const Inputs in = make_inputs(rng, cs);
+  setenv("MOEKIT_GEMM_PATH", "mma", 1);
+  const Outputs compact = run_cuda(handles.cuda, in);
+  unsetenv("MOEKIT_GEMM_PATH");
+
+  const int64_t stride = int64_t{1} << 31;  // values of A's rows apart
+  const size_t value_bytes = 2;
+  DeviceBuffer wide_a(static_cast<size_t>((in.rows - 1) * stride + cs.k) * value_bytes);
+  const auto* host_a = static_cast<const unsigned char*>(in.a.data());
+  for (int64_t r = 0; r < in.rows; ++r)
+    CUDA_REQUIRE(cudaMemcpy(static_cast<unsigned char*>(wide_a.data()) + r * stride * value_bytes,
+                            host_a + r * cs.k * value_bytes, cs.k * value_bytes, cudaMemcpyHostToDevice));
+  DeviceTensor b(in.b), offsets(in.offsets_t), c(in.c);
+  Views v;
+  const moekit_device_t device{MOEKIT_DEVICE_CUDA, 0};
+  v.a = moekit_tensor_make(wide_a.data(), in.a.dtype(), 2, in.a.shape().data(), device);
+  v.a.stride[0] = stride;
+  v.b = b.view();
+  v.offsets = offsets.view();
+  v.c = c.view();
+  moekit_plan_t plan = cuda_plan(handles.cuda, in.desc, nullptr);
+  size_t bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
+  DeviceBuffer workspace(bytes);
+  const moekit_gemm_args_t args = make_args(in, v);
+  MOEKIT_REQUIRE_OK(moekit_gemm(plan, &args, workspace.data(), bytes, nullptr));
+  CUDA_REQUIRE(cudaDeviceSynchronize());
+  moekit_plan_destroy(plan);
+  REQUIRE(c.download().bytes_equal(compact.c));
+}
+
 TEST_CASE("gemm: skewed counts, one group taking every row, all groups empty, int64 gather indices", "[gemm]") {
   Handles handles;
   std::mt19937_64 rng(3);
