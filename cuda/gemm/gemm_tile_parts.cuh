@@ -230,14 +230,14 @@ __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, 
       g[i] *= p.alpha;
       u[i] *= p.alpha;
     }
-  }
-  if (Scaled && p.bias != nullptr) {
-    float bg[8], bu[8];
-    load_glu8(static_cast<const T*>(p.bias) + group * p.bias_stride, j, p.act_width, interleaved, bg, bu);
+    if (p.bias != nullptr) {
+      float bg[8], bu[8];
+      load_glu8(static_cast<const T*>(p.bias) + group * p.bias_stride, j, p.act_width, interleaved, bg, bu);
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      g[i] += bg[i];
-      u[i] += bu[i];
+      for (int i = 0; i < 8; ++i) {
+        g[i] += bg[i];
+        u[i] += bu[i];
+      }
     }
   }
   float hg[8], hu[8];

@@ -810,10 +810,13 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
             }
           }
         };
-        if (gated && p.alpha == 1.0f && p.bias == nullptr)
-          chunks(std::false_type{});
-        else
-          chunks(std::true_type{});
+        if constexpr (gated) {
+          if (p.alpha == 1.0f && p.bias == nullptr) {
+            chunks(std::false_type{});
+            continue;
+          }
+        }
+        chunks(std::true_type{});
       }
     }
   }
