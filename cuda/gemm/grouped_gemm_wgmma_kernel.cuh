@@ -227,21 +227,20 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   const bool tma_b = !gather_b;
   const int tma_blocks = tma_b ? BN / 64 : Cfg::bm / 64;
   const auto tma_column = static_cast<int32_t>(tma_b ? n0 : t.m0);
-  // The source rows of this thread's rows of slice s (gathered: their indices; else the rows themselves). Rows
-  // past the group's end (only in its last slice, whose copies mask them) take the last row's: no branch per row.
-  int32_t sources[passes];
+  // The gathered source rows of this thread's rows of slice s. Rows past the group's end (only in its last slice,
+  // whose copies mask them) take the last row's index: no branch per row.
+  // NOTE: only the gathered case defines them here: with the rows themselves as a second definition, the compiler
+  // merged the two with a register move right after the loads, which waited for them there, a whole load latency
+  // per slice (ncu: the producer's top stall) instead of under the next slice's wait.
+  int32_t sources[passes] = {};
   const auto last_row = static_cast<int32_t>(t.row_end - 1);
   const auto load_sources = [&](int64_t s) {
+    if (!gathered) return;
     const auto first = static_cast<int32_t>(t.row_begin + s * BK + first_row);
-    if (gathered) {
 #pragma unroll
-      for (int i = 0; i < passes; ++i)
-        sources[i] = static_cast<int32_t>(
-            load_index(p.gather_idx, min(first + rows_per_pass * i, last_row), p.gather_int64));
-    } else {
-#pragma unroll
-      for (int i = 0; i < passes; ++i) sources[i] = min(first + rows_per_pass * i, last_row);
-    }
+    for (int i = 0; i < passes; ++i)
+      sources[i] =
+          static_cast<int32_t>(load_index(p.gather_idx, min(first + rows_per_pass * i, last_row), p.gather_int64));
   };
   if (slices > 0) load_sources(0);
   // Whole slices copy only the operand that is not TMA's (the gathered one, or A when neither is): its rows'
@@ -284,8 +283,8 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
 #pragma unroll
       for (int i = 0; i < passes; ++i) {
         const int row = first_row + rows_per_pass * i;
-        const T* from = reinterpret_cast<const T*>(
-            copied_start + static_cast<uint64_t>(static_cast<uint32_t>(sources[i])) * copied_ld_bytes);
+        const auto source_row = static_cast<uint32_t>(gathered ? sources[i] : slice_row + row);
+        const T* from = reinterpret_cast<const T*>(copied_start + static_cast<uint64_t>(source_row) * copied_ld_bytes);
         const uint32_t line = copied_slot + mnmajor_offset<64>(row, chunk);
 #pragma unroll
         for (int block = 0; block < max_blocks; ++block)
