@@ -160,6 +160,7 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   }
   maps.c_by_tma = output_by_tma(p);
   if (maps.c_by_tma) maps.c = make_output_tensor_map(p);
+  if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
   check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");

@@ -35,9 +35,10 @@ struct WgmmaOperandMaps {
   CUtensorMap a;  // varlen M with A not gathered: A's (make_activation_tensor_map); unused otherwise
   CUtensorMap c;  // with c_by_tma: C's (make_output_tensor_map)
   CUtensorMap h;  // DGATED: h's (make_dgated_h_tensor_map); unused otherwise
+  CUtensorMap act;  // GATED with c_by_tma: a's (make_gated_act_tensor_map); unused otherwise
   // The epilogue writes C by TMA from shared memory (varlen K: stores for beta = 0 into C of the operand dtype,
-  // reduce-adds for beta = 1 into an fp32 C; varlen M STORE: stores of each consumer's 64 rows that lie wholly
-  // inside the tile's group, the rest by the threads); else every thread stores its values.
+  // reduce-adds for beta = 1 into an fp32 C; varlen M STORE, and GATED's h and a: stores of each consumer's 64 rows
+  // that lie wholly inside the tile's group, the rest by the threads); else every thread stores its values.
   bool c_by_tma;
 };
 // Whether the wgmma kernel stores C by TMA for this problem (see WgmmaOperandMaps::c_by_tma).
@@ -46,6 +47,9 @@ bool output_by_tma(const GroupedGemmProblem& p);
 // (n, rows, 1); boxes of 128 bytes (64 operand-dtype or 32 fp32 columns) x 64 rows x 1 in the 128-byte swizzle,
 // nothing written outside the tensor.
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p);
+// The TMA map of GATED's a [rows, I] for the epilogue's stores, as (I, rows, 1): boxes of 64 columns x 64 rows in the
+// 128-byte swizzle.
+CUtensorMap make_gated_act_tensor_map(const GroupedGemmProblem& p);
 // The TMA map of DGATED's h [rows, h width] (gate and up, or z), as rank 3 (h width, rows, 1): boxes of 64 columns x
 // a whole row tile in the 128-byte swizzle, zeros past the last row. The producer loads the epilogue's h through it.
 CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);

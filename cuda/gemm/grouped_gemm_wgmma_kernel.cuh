@@ -493,62 +493,143 @@ __device__ __forceinline__ void store_shared_flipped_pair(uint32_t address, uint
       : "memory");
 }
 
+// The byte offset, inside a 64-row x 128-byte box in the 128-byte swizzle, of the first of this consumer thread's
+// accumulator values of an 8-column block, `value_bytes` each (a box holds 128 / value_bytes columns). The thread's
+// accumulator rows are 16 warp + lane / 4 (+ 8: 1024 bytes on). Its 2 values of 8-column block i of a box sit at
+// byte value_bytes (8 i + 2 (lane % 4)) of the row: 16-byte chunk (value_bytes / 2) i plus the lane's part, whose
+// bits the block's part leaves alone, so block i's address is this offset XOR the block's chunk << 4 (kmajor_offset's
+// swizzle only flips bits 4..6).
+template <int value_bytes>
+__device__ __forceinline__ uint32_t accumulator_box_offset(int wg_tid) {
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int lane_byte = 2 * value_bytes * (lane % 4);
+  return kmajor_offset(16 * warp + lane / 4, lane_byte / 16) + lane_byte % 16;
+}
+
+// Box `box` of a consumer's epilogue by TMA: one of the consumer's two 8 KiB buffers (`buffers`, box % 2) is
+// rewritten once the store of two boxes before has read it; every thread puts its values in (fill(buffer's shared
+// address)), and the first thread issues the store (store(address)), which completes in the background while the
+// consumer goes on.
+template <class Fill, class Store>
+__device__ __forceinline__ void epilogue_box_by_tma(unsigned char* buffers, int box, int consumer, int wg_tid,
+                                                    Fill&& fill, Store&& store) {
+  const uint32_t buffer_address = shared_address(buffers + (box % 2) * (64 * 128));
+  if (wg_tid == 0) bulk_wait_group_read<1>();
+  named_barrier_sync(2 + consumer, 128);
+  fill(buffer_address);
+  // The box was written through the generic proxy; the TMA store reads it through the async proxy.
+  fence_proxy_async_shared();
+  named_barrier_sync(2 + consumer, 128);
+  if (wg_tid == 0) {
+    store(buffer_address);
+    bulk_commit_group();
+  }
+}
+
 // STORE with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t (varlen M: rows wholly inside the
 // tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n] as (n, m, E)). Out = T
 // (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store rounds them, are
 // stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
-// each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. Per box
-// of 64 rows x 128 bytes (64 T or 32 fp32 columns) the values go into one of the consumer's two 8 KiB buffers
-// (`buffers`, the box in the 128-byte swizzle) and its first thread issues the TMA store, which writes nothing
-// outside C. A buffer is rewritten once the store of two boxes before has read it; the stores complete in the
-// background while the consumer goes on to its next tile.
+// each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. One
+// box (epilogue_box_by_tma) per 64 rows x 128 bytes (64 T or 32 fp32 columns); TMA writes nothing outside C.
 template <class Out, class Cfg>
 __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                   const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
                                                   const WgmmaTile& t, int consumer, int wg_tid) {
   constexpr bool add = sizeof(Out) == 4;
-  constexpr int BN = Cfg::bn, box_bytes = 64 * 128, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
-  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  constexpr int BN = Cfg::bn, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
   const int64_t n0 = t.n_tile * BN;
   const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
   const auto z = static_cast<int32_t>(p.mode == MOEKIT_GEMM_VARLEN_K ? t.group : 0);
-  // This thread's accumulator rows are 16 warp + lane / 4 (+ 8, 1024 bytes on). Its 2 values of 8-column block i of
-  // a box sit at byte sizeof(Out) (8 i + 2 (lane % 4)) of the row: 16-byte chunk (sizeof(Out) / 2) i plus the lane's
-  // part, whose bits the block's part leaves alone, so block i's address is the lane's XOR the block's chunk << 4
-  // (kmajor_offset's swizzle only flips bits 4..6).
-  const int lane_byte = 2 * static_cast<int>(sizeof(Out)) * (lane % 4);
-  const uint32_t lane_offset = kmajor_offset(16 * warp + lane / 4, lane_byte / 16) + lane_byte % 16;
+  const uint32_t lane_offset = accumulator_box_offset<sizeof(Out)>(wg_tid);
 #pragma unroll
   for (int box = 0; box < BN / box_columns; ++box) {
     const int64_t box_column = n0 + box_columns * box;
     if (box_column >= p.n) break;
-    const uint32_t buffer_address = shared_address(buffers + (box % 2) * box_bytes);
-    if (wg_tid == 0) bulk_wait_group_read<1>();
-    named_barrier_sync(2 + consumer, 128);
+    const auto fill = [&](uint32_t buffer_address) {
 #pragma unroll
-    for (int i = 0; i < box_blocks; ++i) {
-      const int block = box_blocks * box + i;
-      const uint32_t flip = static_cast<uint32_t>(sizeof(Out) / 2 * i) << 4;
+      for (int i = 0; i < box_blocks; ++i) {
+        const int block = box_blocks * box + i;
+        const uint32_t flip = static_cast<uint32_t>(sizeof(Out) / 2 * i) << 4;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float v0 = acc[4 * block + 2 * half] * p.alpha, v1 = acc[4 * block + 2 * half + 1] * p.alpha;
-        const uint32_t address = buffer_address + lane_offset + 8 * 128 * half;
-        if constexpr (add) {
-          store_shared_flipped_pair(address, flip, __float_as_uint(v0), __float_as_uint(v1));
-        } else {
-          store_shared_flipped(address, flip, round_pair<Out>(v0, v1));
+        for (int half = 0; half < 2; ++half) {
+          const float v0 = acc[4 * block + 2 * half] * p.alpha, v1 = acc[4 * block + 2 * half + 1] * p.alpha;
+          const uint32_t address = buffer_address + lane_offset + 8 * 128 * half;
+          if constexpr (add) {
+            store_shared_flipped_pair(address, flip, __float_as_uint(v0), __float_as_uint(v1));
+          } else {
+            store_shared_flipped(address, flip, round_pair<Out>(v0, v1));
+          }
         }
       }
-    }
-    // The box was written through the generic proxy; the TMA store reads it through the async proxy.
-    fence_proxy_async_shared();
-    named_barrier_sync(2 + consumer, 128);
-    if (wg_tid == 0) {
+    };
+    const auto store = [&](uint32_t buffer_address) {
       if constexpr (add)
         tma_reduce_add_3d(map, buffer_address, static_cast<int32_t>(box_column), y, z);
       else
         tma_store_3d(map, buffer_address, static_cast<int32_t>(box_column), y, z);
-      bulk_commit_group();
+    };
+    epilogue_box_by_tma(buffers, box, consumer, wg_tid, fill, store);
+  }
+}
+
+// GATED with h and a written by TMA (maps.c_by_tma: a gated activation, CONCAT, alpha = 1, no bias, I a multiple
+// of 64), one consumer's 64 rows wholly inside the tile's group. Gate column c and up column c of the tile's
+// activation columns are product blocks i and BN / 16 + i, held by the same thread, so a = act(h) is formed in
+// registers: no fp32 staging, no row loop. Per 64 activation columns j0.. three boxes (epilogue_box_by_tma): h's
+// gate columns (C at j0), h's up columns (C at I + j0) and a's (maps.act at j0), rounded where epilogue_gated_glu
+// rounds them (a from the rounded h), so the bits are those of the threads' epilogue. The activation kind is
+// switched once per a box (each kind's copy of the box's code is the only one a run executes).
+template <class T, class Cfg>
+__device__ __forceinline__ void store_gated_tile_by_tma(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps,
+                                                        const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
+                                                        const WgmmaTile& t, int consumer, int wg_tid) {
+  constexpr int BN = Cfg::bn;
+  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
+  const uint32_t lane_offset = accumulator_box_offset<sizeof(T)>(wg_tid);
+  // The rounded h of value pair `half` of gate block 8 chunk + i (up: false) or of its up block (up: true).
+  const auto h_pair = [&](int chunk, int i, int half, bool up) {
+    const int block = (up ? BN / 16 : 0) + 8 * chunk + i;
+    return round_pair<T>(acc[4 * block + 2 * half], acc[4 * block + 2 * half + 1]);
+  };
+#pragma unroll
+  for (int chunk = 0; chunk < BN / 128; ++chunk) {
+    const auto j0 = static_cast<int32_t>(t.n_tile * (BN / 2) + 64 * chunk);
+    if (j0 >= p.act_width) break;
+    // part 0: h's gate columns, 1: h's up columns, 2: a.
+#pragma unroll
+    for (int part = 0; part < 3; ++part) {
+      const auto fill = [&](uint32_t buffer_address) {
+        const auto put = [&](int i, int half, uint32_t value) {
+          store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, static_cast<uint32_t>(i) << 4, value);
+        };
+        if (part < 2) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) put(i, half, h_pair(chunk, i, half, part == 1));
+          return;
+        }
+        with_gated_kind(p.activation, [&](auto kind) {
+          constexpr int32_t K = decltype(kind)::value;
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+              const float2 g = unpack_pair<T>(h_pair(chunk, i, half, false));
+              const float2 u = unpack_pair<T>(h_pair(chunk, i, half, true));
+              put(i, half,
+                  round_pair<T>(gated_forward<K>(p.glu_limit, g.x, u.x), gated_forward<K>(p.glu_limit, g.y, u.y)));
+            }
+        });
+      };
+      const auto store = [&](uint32_t buffer_address) {
+        if (part == 2)
+          tma_store_3d(&maps.act, buffer_address, j0, y, 0);
+        else
+          tma_store_3d(&maps.c, buffer_address, part == 0 ? j0 : static_cast<int32_t>(p.act_width) + j0, y, 0);
+      };
+      epilogue_box_by_tma(buffers, 3 * chunk + part, consumer, wg_tid, fill, store);
     }
   }
 }
@@ -622,8 +703,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
   };
   const bool split_glu = gated && is_gated_activation(p.activation);
-  // The epilogue stores C by TMA (WgmmaOperandMaps::c_by_tma; never GATED's or DGATED's).
-  const bool tma_stores = !Activated && maps.c_by_tma;
+  // The epilogue stores C by TMA (WgmmaOperandMaps::c_by_tma: STORE, or GATED's h and a; never DGATED's).
+  const bool tma_stores = !dgated && maps.c_by_tma;
   const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
   const bool concat_pairs = split_glu && !interleaved;
 
@@ -713,7 +794,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
       if (tma_stores && (varlen_k || first_row + 64 <= t.m_end)) {
         unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
-        if (varlen_k && p.c_fp32)
+        if constexpr (gated)
+          store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
+        else if (varlen_k && p.c_fp32)
           store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
         else
           store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);

@@ -90,8 +90,16 @@ bool output_by_tma(const GroupedGemmProblem& p) {
   // TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions; varlen K's
   // group stride is checked here).
   const bool store = p.beta == 0.0f && !p.c_fp32;
-  // Varlen M: STORE (no bias, no activation) into C of the operand dtype.
-  if (p.mode == MOEKIT_GEMM_VARLEN_M) return p.epilogue == MOEKIT_EPILOGUE_STORE && store && p.rows > 0 && p.n > 0;
+  if (p.mode == MOEKIT_GEMM_VARLEN_M) {
+    // GATED: h and a by TMA for a gated activation in the CONCAT layout with alpha = 1 and no bias (the layer's
+    // up-projection), whose boxes of 64 activation columns end at I (the gate's never reach into the up columns);
+    // every other GATED by the threads.
+    if (p.epilogue == MOEKIT_EPILOGUE_GATED)
+      return is_gated_activation(p.activation) && p.glu_layout == MOEKIT_GLU_CONCAT && p.alpha == 1.0f &&
+             p.bias == nullptr && p.act_width % 64 == 0 && p.rows > 0;
+    // STORE (no bias, no activation) into C of the operand dtype.
+    return p.epilogue == MOEKIT_EPILOGUE_STORE && store && p.rows > 0 && p.n > 0;
+  }
   // Varlen K is STORE only: TMA stores for beta = 0 into C of the operand dtype, TMA reduce-adds for beta = 1 into an
   // fp32 C.
   const bool add = p.beta == 1.0f && p.c_fp32;
@@ -107,6 +115,10 @@ CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
                                  static_cast<cuuint64_t>(p.c_group_stride) * bytes};
   const CUtensorMapDataType type = p.c_fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : operand_type(p.dtype);
   return encode_map(type, p.c, dims, strides, static_cast<int>(128 / bytes), 64);
+}
+
+CUtensorMap make_gated_act_tensor_map(const GroupedGemmProblem& p) {
+  return matrix_map(p.dtype, p.act, p.act_width, p.rows, p.ld_act, 64);
 }
 
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p) {

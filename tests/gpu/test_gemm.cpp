@@ -539,6 +539,38 @@ TEST_CASE("gemm: TMA-store epilogues over several tiles per CTA and odd box coun
   check_case(handles, make_inputs(rng, k));
 }
 
+// GATED's TMA-store epilogue (a gated activation, CONCAT, alpha = 1, no bias, I a multiple of 64: h's gate and up
+// boxes and a's from the registers) for every gated activation, both dtypes and tiles, gathered or not, over ~60-120
+// tiles of which each persistent CTA may walk several: I = 320, so a 256-wide tile's last column tile holds one
+// chunk of 64 activation columns (3 boxes, not 6); counts of 64 +- 1 and of tile +- 1 put consumers' 64 rows across
+// group ends (those take the threads' epilogue), and the poisoned rows past the groups must stay untouched.
+TEST_CASE("gemm: GATED's TMA-store epilogue for every gated activation, dtype and tile", "[gemm][wgmma]") {
+  Handles handles;
+  std::mt19937_64 rng(7);
+  Case cs;
+  cs.epilogue = MOEKIT_EPILOGUE_GATED;
+  cs.glu_layout = MOEKIT_GLU_CONCAT;
+  cs.n = 2 * 320;
+  cs.k = 128;
+  cs.counts = {1500, 0, 129, 2001, 127, 1, 64, 65, 255};
+  cs.sources = 2048;
+  int checked = 0;
+  for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
+    for (int32_t activation : {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_GEGLU, MOEKIT_ACT_REGLU, MOEKIT_ACT_SWIGLU_OAI})
+      for (int32_t gather : {MOEKIT_GEMM_GATHER_NONE, MOEKIT_GEMM_GATHER_A})
+        for (const char* tile : kTiles) {
+          cs.dtype = cs.out_dtype = dtype;
+          cs.activation = activation;
+          cs.gather = gather;
+          cs.tile = tile;
+          const Inputs in = make_inputs(rng, cs);
+          REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+          check_case(handles, in);
+          ++checked;
+        }
+  CHECK(checked == 2 * 4 * 2 * 2);
+}
+
 TEST_CASE("gemm: varlen K, every gather, output dtype, beta, dtype and tile", "[gemm]") {
   Handles handles;
   std::mt19937_64 rng(2);
