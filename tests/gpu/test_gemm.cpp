@@ -679,6 +679,12 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     stored_rows.bias = false;
     stored_rows.counts = {0, 1, 129, 255, 128, 37};
     check_case(handles, make_inputs(rng, stored_rows));
+    // GATED with h and a by TMA stores (CONCAT, alpha = 1, no bias, I = 192: three activation chunks, the last
+    // 256-wide column tile holding one) where a consumer's 64 rows lie inside the group, by the threads elsewhere.
+    Case gated_rows = stored_rows;
+    gated_rows.epilogue = MOEKIT_EPILOGUE_GATED;
+    gated_rows.n = 2 * 192;
+    check_case(handles, make_inputs(rng, gated_rows));
     Case d = cs;
     d.epilogue = MOEKIT_EPILOGUE_DGATED;
     d.bias = false;
