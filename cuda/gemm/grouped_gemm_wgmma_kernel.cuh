@@ -25,7 +25,8 @@
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
 //     into C of the operand dtype, or beta = 1 into an fp32 C, and varlen M's STORE where the consumer's 64 rows
 //     lie inside the group (WgmmaOperandMaps::c_by_tma), puts its values into boxes in shared memory that TMA
-//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma); every other product goes
+//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma; GATED's h and a, formed in the
+//     registers, the same way: store_gated_tile_by_tma); every other product goes
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues, DGATED's
 //     reading h from its ring entries.
 //
