@@ -597,18 +597,31 @@ __device__ __forceinline__ void store_gated_tile_by_tma(const GroupedGemmProblem
   for (int chunk = 0; chunk < BN / 128; ++chunk) {
     const auto j0 = static_cast<int32_t>(t.n_tile * (BN / 2) + 64 * chunk);
     if (j0 >= p.act_width) break;
-    // part 0: h's gate columns, 1: h's up columns, 2: a.
+    // part 0: h's gate columns, 1: h's up columns (and a, from the gate's rounded pairs kept from part 0), 2: a.
+    // NOTE: each pair is rounded once (a conversion runs at a quarter of the FMA rate, as the sigmoid's MUFU ops do:
+    // together they bound this epilogue).
+    uint32_t gate_words[16], a_words[16];
 #pragma unroll
     for (int part = 0; part < 3; ++part) {
       const auto fill = [&](uint32_t buffer_address) {
         const auto put = [&](int i, int half, uint32_t value) {
           store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, static_cast<uint32_t>(i) << 4, value);
         };
-        if (part < 2) {
+        if (part == 0) {
 #pragma unroll
           for (int i = 0; i < 8; ++i)
 #pragma unroll
-            for (int half = 0; half < 2; ++half) put(i, half, h_pair(chunk, i, half, part == 1));
+            for (int half = 0; half < 2; ++half) {
+              gate_words[2 * i + half] = h_pair(chunk, i, half, false);
+              put(i, half, gate_words[2 * i + half]);
+            }
+          return;
+        }
+        if (part == 2) {
+#pragma unroll
+          for (int i = 0; i < 8; ++i)
+#pragma unroll
+            for (int half = 0; half < 2; ++half) put(i, half, a_words[2 * i + half]);
           return;
         }
         with_gated_kind(p.activation, [&](auto kind) {
@@ -617,10 +630,11 @@ __device__ __forceinline__ void store_gated_tile_by_tma(const GroupedGemmProblem
           for (int i = 0; i < 8; ++i)
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
-              const float2 g = unpack_pair<T>(h_pair(chunk, i, half, false));
-              const float2 u = unpack_pair<T>(h_pair(chunk, i, half, true));
-              put(i, half,
-                  round_pair<T>(gated_forward<K>(p.glu_limit, g.x, u.x), gated_forward<K>(p.glu_limit, g.y, u.y)));
+              const uint32_t up_word = h_pair(chunk, i, half, true);
+              put(i, half, up_word);
+              const float2 g = unpack_pair<T>(gate_words[2 * i + half]), u = unpack_pair<T>(up_word);
+              a_words[2 * i + half] =
+                  round_pair<T>(gated_forward<K>(p.glu_limit, g.x, u.x), gated_forward<K>(p.glu_limit, g.y, u.y));
             }
         });
       };
