@@ -580,7 +580,7 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
 // registers: no fp32 staging, no row loop. Per 64 activation columns j0.. three boxes (epilogue_box_by_tma): h's
 // gate columns (C at j0), h's up columns (C at I + j0) and a's (maps.act at j0), rounded where epilogue_gated_glu
 // rounds them (a from the rounded h), so the bits are those of the threads' epilogue. The activation kind is
-// switched once per a box (each kind's copy of the box's code is the only one a run executes).
+// switched once per up box, where a is formed (each kind's copy of that code is the only one a run executes).
 template <class T, class Cfg>
 __device__ __forceinline__ void store_gated_tile_by_tma(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps,
                                                         const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
