@@ -540,7 +540,7 @@ TEST_CASE("gemm: TMA-store epilogues over several tiles per CTA and odd box coun
 }
 
 // GATED's TMA-store epilogue (a gated activation, CONCAT, alpha = 1, no bias, I a multiple of 64: h's gate and up
-// boxes and a's from the registers) for every gated activation, both dtypes and tiles, gathered or not, over ~60-120
+// boxes and a's from the registers) for every gated activation, both dtypes and tiles, gathered or not, over ~100-170
 // tiles of which each persistent CTA may walk several: I = 320, so a 256-wide tile's last column tile holds one
 // chunk of 64 activation columns (3 boxes, not 6); counts of 64 +- 1 and of tile +- 1 put consumers' 64 rows across
 // group ends (those take the threads' epilogue), and the poisoned rows past the groups must stay untouched.
