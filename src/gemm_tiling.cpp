@@ -109,11 +109,11 @@ GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, GemmTile 
   layout.n_tiles = ceil_div(s.n, t.bn);
   size_t offset = 0;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    // Each non-empty group adds at most one partial tile to ceil(rows / bm), and with pairs one empty pad tile; at
-    // most min(E, rows) groups are non-empty.
+    // Each non-empty group adds at most one partial tile to ceil(rows / bm), at most min(E, rows) groups are
+    // non-empty, and pairs pad an odd total with one empty tile.
     const int64_t non_empty = std::min(d.groups, d.max_rows);
     layout.pair_tiles = path == GemmPath::wgmma_pair;
-    layout.m_tiles = (d.max_rows + non_empty * (t.bm - 1)) / t.bm + (layout.pair_tiles ? non_empty : 0);
+    layout.m_tiles = (d.max_rows + non_empty * (t.bm - 1)) / t.bm + (layout.pair_tiles ? 1 : 0);
     layout.tile_count = offset;
     offset += align256(sizeof(int32_t));
     layout.tile_starts = offset;

@@ -86,7 +86,7 @@ struct GemmWorkspaceLayout {
   size_t tile_list;     // int4 [m_tiles]: (group, first row, end row, 0) of every row tile (varlen M)
   size_t ds_partials;   // fp32 [max_rows, n_tiles]: DGATED's per-tile row dots dA . a
   size_t bytes;
-  bool pair_tiles;      // wgmma_pair: each group's row tiles padded to an even count (m_tiles counts the pads)
+  bool pair_tiles;      // wgmma_pair: the row tiles padded to an even count (m_tiles counts the pad)
 };
 
 GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& desc, GemmTile tile,

@@ -28,9 +28,9 @@ __device__ __forceinline__ void group_rows(const int32_t* offsets, int64_t e, in
   lo = min(max(static_cast<int64_t>(offsets[e]), int64_t{0}), hi);
 }
 
-// One block: tile_starts[e] = sum over groups before e of ceil(rows_e / bm) (rounded up to even with
-// `pad_pairs`: a group's last pair may end with an empty tile, first row >= end row), a block scan over chunks of
-// 1024 groups; then one (group, first row, end row) entry per row tile, in group order.
+// One block: tile_starts[e] = sum over groups before e of ceil(rows_e / bm), a block scan over chunks of 1024
+// groups; then one (group, first row, end row) entry per row tile, in group order. `pad_pairs`: an odd total gets one
+// more, empty entry (the last group's, first row = end row), so that clusters of 2 take whole pairs of row tiles.
 __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int32_t* offsets, int64_t groups,
                                                                        int64_t rows, int64_t bm, bool pad_pairs,
                                                                        int64_t max_tiles,
@@ -48,7 +48,6 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
       int64_t lo, hi;
       group_rows(offsets, e, rows, lo, hi);
       tiles = static_cast<int32_t>((hi - lo + bm - 1) / bm);
-      if (pad_pairs) tiles += tiles % 2;
     }
     int32_t inclusive = tiles;
 #pragma unroll
@@ -74,7 +73,7 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
     if (tid == 0) carry += warp_totals[kListThreads / kLanes - 1];
     __syncthreads();
   }
-  const int64_t total = min(static_cast<int64_t>(carry), max_tiles);
+  const int64_t total = min(static_cast<int64_t>(carry) + (pad_pairs ? carry % 2 : 0), max_tiles);
   if (tid == 0) {
     tile_starts[groups] = carry;
     *tile_count = static_cast<int32_t>(total);
@@ -92,7 +91,7 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
     }
     int64_t lo, hi;
     group_rows(offsets, lo_e, rows, lo, hi);
-    const int64_t first = lo + (t - tile_starts[lo_e]) * bm;
+    const int64_t first = min(lo + (t - tile_starts[lo_e]) * bm, hi);  // the pad entry: empty, first = end
     tile_list[t] = make_int4(static_cast<int>(lo_e), static_cast<int>(first), static_cast<int>(hi), 0);
   }
 }

@@ -323,14 +323,14 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   }
 }
 
-// varlen M, the producer warpgroup's part of tile t: per 64-deep slice, B's tile by TMA (thread 0; paired, this
-// CTA's half multicast to both CTAs) and A's 128 x 64 tile — by one TMA box from thread 0 when A is not gathered
+// varlen M, the producer warpgroup's part of tile t: per 64-deep slice, B's tile by TMA (thread 0; `multicast`, this
+// CTA's half to both CTAs of the cluster) and A's 128 x 64 tile — by one TMA box from thread 0 when A is not gathered
 // (the only thread that walks then), else by 16-byte cp.async of every thread from the rows' sources, loaded once
 // per tile. `it` counts ring uses across tiles.
 template <class T, class Cfg, bool b_mn_major>
 __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps,
                                                      const WgmmaTile& t, int64_t slices, bool a_by_tma,
-                                                     bool concat_pairs, bool paired, uint32_t rank, uint32_t smem_a,
+                                                     bool concat_pairs, bool multicast, uint32_t rank, uint32_t smem_a,
                                                      uint32_t smem_b, uint32_t full_bars, uint32_t empty_bars,
                                                      int wg_tid, uint32_t& it) {
   constexpr int BM = Cfg::bm, BN = Cfg::bn, BK = Cfg::bk, S = Cfg::stages;
@@ -340,7 +340,7 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
   // B's slice k0 into ring slot `slot`, completing on `full` (thread 0).
   const auto load_b = [&](uint32_t slot, uint32_t full, int32_t k0) {
     const uint32_t b_slot = smem_b + slot * Cfg::b_stage_bytes;
-    if (paired) {
+    if (multicast) {
       // This CTA's half of the B tile, to the same offsets of both CTAs.
       if constexpr (b_mn_major) {
 #pragma unroll
@@ -369,7 +369,7 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
       mbarrier_wait(empty_bars + 8 * slot, parity ^ 1);
       const uint32_t full = full_bars + 8 * slot;
       const auto k0 = static_cast<int32_t>(s * BK);
-      // Paired: half of B from this CTA, half from the peer.
+      // Multicast: half of B from this CTA, half from the peer.
       mbarrier_arrive_expect_tx(full, Cfg::a_stage_bytes + Cfg::b_stage_bytes);
       tma_load_3d(smem_a + slot * Cfg::a_stage_bytes, &maps.a, full, k0, row0, 0);
       load_b(slot, full, k0);
@@ -398,7 +398,7 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
     const uint32_t full = full_bars + 8 * slot;
     const auto k0 = static_cast<int32_t>(s * BK);
     if (wg_tid == 0) {
-      // Paired: half from this CTA, half from the peer.
+      // Multicast: half from this CTA, half from the peer.
       mbarrier_arrive_expect_tx(full, Cfg::b_stage_bytes);
       load_b(slot, full, k0);
     }
@@ -675,10 +675,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128, wg_tid = tid % 128;
-  // Paired CTAs (varlen M launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take
-  // consecutive row tiles of one group (the tile list is padded to an even count per group) at the same column
-  // tile, so each loads half of the B tile and multicasts it to both; a ring slot is reused only when the
-  // consumers of both CTAs have released it.
+  // Paired CTAs (varlen M launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take a pair
+  // of consecutive row tiles (the tile list is padded to an even count) at the same column tile; when both are of
+  // one group each loads half of the B tile and multicasts it to both, else (a pair across a group boundary) each
+  // loads its own. Either way a ring slot is reused only when the consumers of both CTAs have released it.
   const uint32_t cluster_size = varlen_k ? 1 : cluster_num_ctas();
   const bool paired = cluster_size == 2;
   const uint32_t rank = paired ? cluster_cta_rank() : 0;
@@ -713,6 +713,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   auto tile_of_unit = [&](int64_t u) -> int64_t {
     return paired ? (2 * (u / p.n_tiles) + rank) * p.n_tiles + u % p.n_tiles : u;
   };
+  // Paired: the group of the peer CTA's row tile of unit u.
+  auto peer_group = [&](int64_t u) -> int64_t {
+    return reinterpret_cast<const int4*>(p.tile_list)[2 * (u / p.n_tiles) + (rank ^ 1)].x;
+  };
   // Reduction slices of a tile: varlen M the whole k; varlen K the group's rows (none for an empty group).
   auto slices_of = [&](const WgmmaTile& t) -> int64_t {
     return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
@@ -735,8 +739,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       if constexpr (varlen_k) {
         load_varlen_k_slices<T, Cfg>(p, &maps.b, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
       } else {
-        load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs, paired, rank, smem_a,
-                                                 smem_b, full_bars, empty_bars, wg_tid, it);
+        load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs,
+                                                 paired && peer_group(unit) == t.group, rank, smem_a, smem_b,
+                                                 full_bars, empty_bars, wg_tid, it);
         if (dgated)
           load_dgated_h<Cfg>(p, &maps.h, t, !a_by_tma, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
       }

@@ -463,8 +463,8 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
   Handles handles;
   std::mt19937_64 rng(5);
   int checked = 0;
-  // varlen M on the wgmma kernel alone and in clusters of 2 sharing B (wgmma_pair: padded tile pairs, one CTA of a
-  // pair often past its group's rows).
+  // varlen M on the wgmma kernel alone and in clusters of 2 (wgmma_pair: pairs of row tiles sharing B by multicast,
+  // or across a group boundary each loading its own; an odd tile count padded by one empty tile).
   for (const char* path : {"wgmma", "wgmma_pair"})
     for (moekit_dtype_t dtype : {MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP16})
       for (int32_t b_layout : {MOEKIT_GEMM_B_NK, MOEKIT_GEMM_B_KN})
