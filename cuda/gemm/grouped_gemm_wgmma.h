@@ -55,9 +55,10 @@ CUtensorMap make_gated_act_tensor_map(const GroupedGemmProblem& p);
 CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to an
-// even count) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by multicast within a group. `Activated`: the kernel for the layout's activation
-// epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others take STORE and BIAS. One instantiation per
-// translation unit (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>.cu).
+// even count) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by multicast within a group.
+// `Activated`: the kernel for the layout's activation epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others
+// take STORE and BIAS. One instantiation per translation unit
+// (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>.cu).
 template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated = false>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream);
