@@ -710,12 +710,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const int64_t units = paired ? tiles / 2 : tiles;
   const int64_t first_unit = paired ? blockIdx.x / 2 : blockIdx.x;
   const int64_t unit_step = paired ? gridDim.x / 2 : gridDim.x;
+  // Paired: the row tile of unit u that the CTA of rank r takes.
+  auto pair_row_tile = [&](int64_t u, uint32_t r) -> int64_t { return 2 * (u / p.n_tiles) + r; };
   auto tile_of_unit = [&](int64_t u) -> int64_t {
-    return paired ? (2 * (u / p.n_tiles) + rank) * p.n_tiles + u % p.n_tiles : u;
+    return paired ? pair_row_tile(u, rank) * p.n_tiles + u % p.n_tiles : u;
   };
   // Paired: the group of the peer CTA's row tile of unit u.
   auto peer_group = [&](int64_t u) -> int64_t {
-    return reinterpret_cast<const int4*>(p.tile_list)[2 * (u / p.n_tiles) + (rank ^ 1)].x;
+    return reinterpret_cast<const int4*>(p.tile_list)[pair_row_tile(u, rank ^ 1)].x;
   };
   // Reduction slices of a tile: varlen M the whole k; varlen K the group's rows (none for an empty group).
   auto slices_of = [&](const WgmmaTile& t) -> int64_t {
