@@ -113,9 +113,18 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   moekit_gemm_desc_t up = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_GATED, MOEKIT_ACT_SWIGLU, 128, 131072, 2048, 4096);
   up.dtype = MOEKIT_DTYPE_BF16;
   up.b_layout = MOEKIT_GEMM_B_NK;
-  CHECK(choose_gemm_path(up, 9, 0) == GemmPath::wgmma);
+  // The GATED up-projection runs paired from k = 4096 on, single below.
+  CHECK(choose_gemm_path(up, 9, 0) == GemmPath::wgmma_pair);
   CHECK(choose_gemm_path(up, 8, 0) == GemmPath::mma_sync);
   CHECK(choose_gemm_path(up, 10, 0) == GemmPath::mma_sync);
+  moekit_gemm_desc_t short_up = up;
+  short_up.k = 1536;
+  CHECK(choose_gemm_path(short_up, 9, 0) == GemmPath::wgmma);
+  short_up.k = 4032;
+  CHECK(choose_gemm_path(short_up, 9, 0) == GemmPath::wgmma);
+  moekit_gemm_desc_t plain_up = up;  // the same shape with STORE
+  plain_up.epilogue = MOEKIT_EPILOGUE_STORE;
+  CHECK(choose_gemm_path(plain_up, 9, 0) == GemmPath::wgmma);
   moekit_gemm_desc_t down = up;
   down.epilogue = MOEKIT_EPILOGUE_BIAS;
   down.n = 4096;
