@@ -143,11 +143,14 @@ void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& 
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, paired, stream);
 }
 
-void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaStream_t stream) {
+void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, cudaStream_t stream) {
+  const GemmTileShape shape = gemm_tile_shape(tile);
+  // varlen K with B gathered runs as its transpose (transposed_weight_gradient); C's map stays the caller's.
+  const GroupedGemmProblem p =
+      transposed_weight_gradient(caller) ? transpose_weight_gradient(caller, shape.bn) : caller;
   WgmmaOperandMaps maps{};
   if (p.mode == MOEKIT_GEMM_VARLEN_M) {
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
-    const GemmTileShape shape = gemm_tile_shape(tile);
     const int box_rows = p.b_layout == MOEKIT_GEMM_B_KN ? 64 : static_cast<int>(shape.bn / 2);
     maps.b = make_weight_tensor_map(p, box_rows);
     // A and h: boxes of a whole row tile.
@@ -157,8 +160,8 @@ void launch_wgmma(const GroupedGemmProblem& p, GemmTile tile, bool paired, cudaS
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }
-  maps.c_by_tma = output_by_tma(p);
-  if (maps.c_by_tma) maps.c = make_output_tensor_map(p);
+  maps.c_by_tma = output_by_tma(caller);
+  if (maps.c_by_tma) maps.c = make_output_tensor_map(caller);
   if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");

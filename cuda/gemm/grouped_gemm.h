@@ -52,6 +52,9 @@ struct GroupedGemmProblem {
   int64_t ldc;
   int64_t c_group_stride;
   bool c_fp32;         // C in fp32 (STORE / BIAS), else the operand dtype
+  // varlen K run as its transpose (the wgmma kernel, transposed_weight_gradient): a, b, m, n and gather are those of
+  // C^T = B^T A, and the tiles are stored transposed through the map of the caller's C.
+  bool c_transposed;
 
   int32_t activation;  // GATED / DGATED: moekit_activation_t
   int32_t glu_layout;  // moekit_glu_layout_t

@@ -43,6 +43,14 @@ struct WgmmaOperandMaps {
 };
 // Whether the wgmma kernel stores C by TMA for this problem (see WgmmaOperandMaps::c_by_tma).
 bool output_by_tma(const GroupedGemmProblem& p);
+// Whether the wgmma kernel runs a varlen-K problem as its transpose C^T = B^T A: where B is the gathered operand
+// (the weight gradient dW1 = dh^T x with x gathered) and C is stored by TMA in the operand dtype (beta = 0), so the
+// gathered rows are the 128-wide A copied by cp.async (half the copies of a 256-wide B per slice) and the other
+// operand the 256-wide B loaded by TMA.
+bool transposed_weight_gradient(const GroupedGemmProblem& p);
+// The transposed problem: A and B, m and n swapped, A gathered, n_tiles for column tiles of bn, c_transposed set (C
+// itself, its strides and its map stay the caller's).
+GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_t bn);
 // The TMA map of C for the epilogue's stores: varlen K's C [E, m, n] as (n, m, E), varlen M's C [rows, n] as
 // (n, rows, 1); boxes of 128 bytes (64 operand-dtype or 32 fp32 columns) x 64 rows x 1 in the 128-byte swizzle,
 // nothing written outside the tensor.

@@ -43,6 +43,7 @@
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/mbarrier.cuh"
+#include "cuda/common/stmatrix.cuh"
 #include "cuda/common/tma.cuh"
 #include "cuda/common/wgmma.cuh"
 #include "cuda/gemm/gemm_tile_parts.cuh"
@@ -574,6 +575,44 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   }
 }
 
+// varlen K run as its transpose (p.c_transposed: the tile's rows are C's columns, its columns C's rows), one
+// consumer's 64 rows alpha product, rounded to T as store_tile_by_tma rounds them: per 64 tile columns one box
+// (epilogue_box_by_tma) of 64 C rows x the consumer's 64 C columns, each warp's 16 rows x 64 columns put in by four
+// transposing stmatrix: x4 store q takes column blocks 2q and 2q + 1 of the box, upper and lower 8 rows of each, and
+// lane l addresses row l % 8 (a tile column) of its matrix l / 8, whose 8 values (tile rows) are the 16-byte chunk
+// 2 warp + (row half) of that box row. TMA writes nothing outside C.
+template <class T, class Cfg>
+__device__ __forceinline__ void store_tile_transposed_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
+                                                             const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
+                                                             const WgmmaTile& t, int consumer, int wg_tid) {
+  const int64_t n0 = t.n_tile * Cfg::bn;
+  const auto x = static_cast<int32_t>(t.m0 + 64 * consumer);
+  const auto z = static_cast<int32_t>(t.group);
+  const int warp = wg_tid / 32, lane = wg_tid % 32;
+  const int matrix = lane / 8, half = matrix % 2;
+  const auto word = [&](int block, int h) {
+    return round_pair<T>(acc[4 * block + 2 * h] * p.alpha, acc[4 * block + 2 * h + 1] * p.alpha);
+  };
+#pragma unroll
+  for (int box = 0; box < Cfg::bn / 64; ++box) {
+    const int64_t c_row = n0 + 64 * box;
+    if (c_row >= p.n) break;
+    const auto fill = [&](uint32_t buffer_address) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int block = 8 * box + 2 * q;
+        const int row = 8 * (2 * q + matrix / 2) + lane % 8;
+        stmatrix_x4_trans(buffer_address + kmajor_offset(row, 2 * warp + half), word(block, 0), word(block, 1),
+                          word(block + 1, 0), word(block + 1, 1));
+      }
+    };
+    const auto store = [&](uint32_t buffer_address) {
+      tma_store_3d(map, buffer_address, x, static_cast<int32_t>(c_row), z);
+    };
+    epilogue_box_by_tma(buffers, box, consumer, wg_tid, fill, store);
+  }
+}
+
 // GATED with h and a written by TMA (maps.c_by_tma: a gated activation, CONCAT, alpha = 1, no bias, I a multiple
 // of 64), one consumer's 64 rows wholly inside the tile's group. Gate column c and up column c of the tile's
 // activation columns are product blocks i and BN / 16 + i, held by the same thread, so a = act(h) is formed in
@@ -820,6 +859,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
         else if (varlen_k && p.c_fp32)
           store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        else if (varlen_k && p.c_transposed)
+          store_tile_transposed_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
         else
           store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
         continue;

@@ -106,6 +106,25 @@ bool output_by_tma(const GroupedGemmProblem& p) {
   return (store || add) && p.c_group_stride % 8 == 0 && p.m > 0 && p.n > 0;
 }
 
+bool transposed_weight_gradient(const GroupedGemmProblem& p) {
+  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather == MOEKIT_GEMM_GATHER_B && !p.c_fp32 && p.beta == 0.0f &&
+         output_by_tma(p);
+}
+
+GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_t bn) {
+  GroupedGemmProblem t = p;
+  t.a = p.b;
+  t.lda = p.ldb;
+  t.b = p.a;
+  t.ldb = p.lda;
+  t.m = p.n;
+  t.n = p.m;
+  t.gather = MOEKIT_GEMM_GATHER_A;
+  t.n_tiles = (t.n + bn - 1) / bn;
+  t.c_transposed = true;
+  return t;
+}
+
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
   if (p.mode == MOEKIT_GEMM_VARLEN_M) return matrix_map(p.dtype, p.c, p.n, p.rows, p.ldc, 64);
   const cuuint64_t bytes = p.c_fp32 ? 4 : element_bytes;

@@ -2,7 +2,8 @@
 // pure host function checked without a GPU: STORE, GATED's h and a, varlen K's stores and fp32 reduce-adds take
 // TMA; every case the TMA epilogues cannot serve (a bias, beta != 0 outside varlen K's fp32 reduce-adds, GATED with
 // the INTERLEAVED layout, alpha != 1, a plain activation or an activation width that is not a multiple of 64,
-// DGATED, an empty problem) goes to the threads' epilogue. Built with the CUDA backend only.
+// DGATED, an empty problem) goes to the threads' epilogue. And which varlen-K problems run as their transpose
+// (transposed_weight_gradient, transpose_weight_gradient). Built with the CUDA backend only.
 #include <catch2/catch.hpp>
 
 #if MOEKIT_WITH_CUDA
@@ -14,6 +15,8 @@
 
 using moekit::cuda::gemm::GroupedGemmProblem;
 using moekit::cuda::gemm::output_by_tma;
+using moekit::cuda::gemm::transpose_weight_gradient;
+using moekit::cuda::gemm::transposed_weight_gradient;
 
 namespace {
 
@@ -108,6 +111,55 @@ TEST_CASE("output_by_tma: STORE and varlen K by TMA, BIAS, beta and DGATED by th
   GroupedGemmProblem odd_stride = k;
   odd_stride.c_group_stride = k.m * k.n + 4;  // not 16 bytes: no TMA map
   CHECK_FALSE(output_by_tma(odd_stride));
+}
+
+TEST_CASE("transposed_weight_gradient: varlen K with B gathered and a bf16 / fp16 C stored by TMA", "[gemm]") {
+  // dW1 = dh^T x, x gathered: C [E, 2I, H] with m = 2I = 512, n = H = 1024.
+  GroupedGemmProblem dw1 = problem(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE);
+  dw1.gather = MOEKIT_GEMM_GATHER_B;
+  dw1.m = 512;
+  dw1.n = 1024;
+  dw1.c_group_stride = dw1.m * dw1.n;
+  const uint16_t dh[1] = {0}, x[1] = {0};
+  dw1.a = dh;
+  dw1.lda = 512;
+  dw1.b = x;
+  dw1.ldb = 1024;
+  dw1.n_tiles = 4;
+  CHECK(transposed_weight_gradient(dw1));
+  GroupedGemmProblem fp16 = dw1;
+  fp16.dtype = MOEKIT_DTYPE_FP16;
+  CHECK(transposed_weight_gradient(fp16));
+  GroupedGemmProblem fp32_out = dw1;  // fp32 reduce-adds stay in C's own layout
+  fp32_out.c_fp32 = true;
+  fp32_out.beta = 1.0f;
+  CHECK(output_by_tma(fp32_out));
+  CHECK_FALSE(transposed_weight_gradient(fp32_out));
+  GroupedGemmProblem a_gathered = dw1;  // dW2 = a^T dout with a gathered: A is already the gathered operand
+  a_gathered.gather = MOEKIT_GEMM_GATHER_A;
+  CHECK_FALSE(transposed_weight_gradient(a_gathered));
+  GroupedGemmProblem contiguous = dw1;
+  contiguous.gather = MOEKIT_GEMM_GATHER_NONE;
+  CHECK_FALSE(transposed_weight_gradient(contiguous));
+  GroupedGemmProblem odd_stride = dw1;  // no TMA map for C: the threads' epilogue, not transposed
+  odd_stride.c_group_stride += 4;
+  CHECK_FALSE(transposed_weight_gradient(odd_stride));
+  GroupedGemmProblem up = up_projection();
+  CHECK_FALSE(transposed_weight_gradient(up));
+
+  const GroupedGemmProblem t = transpose_weight_gradient(dw1, 256);
+  CHECK(t.a == static_cast<const void*>(x));
+  CHECK(t.lda == 1024);
+  CHECK(t.b == static_cast<const void*>(dh));
+  CHECK(t.ldb == 512);
+  CHECK(t.m == 1024);
+  CHECK(t.n == 512);
+  CHECK(t.gather == MOEKIT_GEMM_GATHER_A);
+  CHECK(t.n_tiles == 2);
+  CHECK(t.c_transposed);
+  CHECK(t.c == dw1.c);
+  CHECK(t.c_group_stride == dw1.c_group_stride);
+  CHECK_FALSE(dw1.c_transposed);
 }
 
 #endif
