@@ -3,7 +3,9 @@
 //   varlen_m_nk: B [E, n, k] (K-major) with the epilogues STORE and BIAS, or (its own instantiation) GATED;
 //   varlen_m_kn: B [E, k, n] (MN-major) with STORE and BIAS, or (its own instantiation) DGATED;
 //   varlen_k:    C[e] [m, n] = A_e^T B_e over the group's rows, A [rows, m] and B [rows, n] both MN-major in shared
-//                memory, either gathered by row, epilogue STORE (alpha, beta, bf16/fp16/fp32 C).
+//                memory, either gathered by row, epilogue STORE (alpha, beta, bf16/fp16/fp32 C); with c_transposed
+//                the problem is the caller's transpose and its tiles go to C transposed
+//                (store_tile_transposed_by_tma).
 //
 // One persistent CTA per SM walks the tiles (varlen M: row tile of the device-built tile list x column tile,
 // row-tile major so a wave shares the weight tiles of few experts in L2; varlen K: group x m tile x n tile, group
