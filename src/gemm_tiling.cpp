@@ -83,12 +83,13 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_mino
   // NOTE: measured on the H200 against mma.sync: varlen K (weight gradients) 1.43-1.69x at the 24 bench shapes;
   // DGATED 1.22-1.38x at gemm.json's 12 shapes (h loaded by TMA into the ring, its epilogue loops rolled).
   if (!wgmma_capable(d, cc_major, cc_minor)) return GemmPath::mma_sync;
-  // NOTE: the paired kernel against the single-CTA one on the GATED up-projection (H200, same binary, builds taking
-  // turns; both give the same bits): at k = 4096 1.008-1.096x on gemm_issue7 (5 rounds) and 0.993-1.026x on
-  // gemm.json (3 rounds), as in the session before (0.987-1.032x); at k = 768 and 1536 0.954-1.012x. The other
-  // products gained nothing measurable from it (0.94-1.03x), so they stay single.
-  if (d.mode == MOEKIT_GEMM_VARLEN_M && d.epilogue == MOEKIT_EPILOGUE_GATED && d.k >= 4096)
-    return GemmPath::wgmma_pair;
+  // NOTE: the paired kernel against the single-CTA one (H200, same binary, builds taking turns; both give the same
+  // bits), at k = 4096: GATED 1.008-1.096x on gemm_issue7 (5 rounds) and 0.993-1.026x on gemm.json (3 rounds), as
+  // in the session before (0.987-1.032x); DGATED 1.031x on gemm_issue7 (5 rounds; 1.032x the session before) and
+  // 0.986-1.092x on gemm.json. At k = 768 and 1536: GATED 0.954-1.012x, DGATED 0.965-0.988x. STORE and BIAS gained
+  // nothing measurable from it (0.94-1.03x), so they stay single.
+  const bool activated = d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED;
+  if (d.mode == MOEKIT_GEMM_VARLEN_M && activated && d.k >= 4096) return GemmPath::wgmma_pair;
   return GemmPath::wgmma;
 }
 

@@ -63,8 +63,8 @@ const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 // of 64, the product's width (gemm_shape's n: DGATED's activation width) a multiple of 64; or varlen K (STORE).
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
-// wgmma where it is capable (measured faster for every mode and epilogue it takes), paired (wgmma_pair) for the
-// GATED up-projection with k >= 4096 (measured 1-2% faster there, the same bits), else mma_sync.
+// wgmma where it is capable (measured faster for every mode and epilogue it takes), paired (wgmma_pair) for GATED
+// and DGATED with k >= 4096 (measured 1-3% faster there, the same bits), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;

@@ -113,7 +113,7 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   moekit_gemm_desc_t up = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_GATED, MOEKIT_ACT_SWIGLU, 128, 131072, 2048, 4096);
   up.dtype = MOEKIT_DTYPE_BF16;
   up.b_layout = MOEKIT_GEMM_B_NK;
-  // The GATED up-projection runs paired from k = 4096 on, single below.
+  // The GATED up-projection runs paired from k = 4096 on, single below (DGATED too, below).
   CHECK(choose_gemm_path(up, 9, 0) == GemmPath::wgmma_pair);
   CHECK(choose_gemm_path(up, 8, 0) == GemmPath::mma_sync);
   CHECK(choose_gemm_path(up, 10, 0) == GemmPath::mma_sync);
@@ -146,8 +146,11 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   dgated.b_layout = MOEKIT_GEMM_B_KN;
   dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
   CHECK(wgmma_capable(dgated, 9, 0));
-  CHECK(choose_gemm_path(dgated, 9, 0) == GemmPath::wgmma);
+  CHECK(choose_gemm_path(dgated, 9, 0) == GemmPath::wgmma_pair);  // k = H = 4096: paired, as GATED
   CHECK(choose_gemm_path(dgated, 8, 0) == GemmPath::mma_sync);
+  moekit_gemm_desc_t short_dgated = dgated;
+  short_dgated.k = 1536;
+  CHECK(choose_gemm_path(short_dgated, 9, 0) == GemmPath::wgmma);
   setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   CHECK(choose_gemm_path_or_override(dgated, 9, 0) == GemmPath::wgmma);
   unsetenv("MOEKIT_GEMM_PATH");

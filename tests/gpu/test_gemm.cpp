@@ -745,34 +745,41 @@ TEST_CASE("gemm: bitwise identical over three reruns, fresh buffers and a second
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
-// The GATED up-projection from k = 4096 on runs paired by default (choose_gemm_path): the paired kernel must give the
+// GATED and DGATED from k = 4096 on run paired by default (choose_gemm_path): the paired kernel must give the
 // single-CTA kernel's bits, and both the reference's values, on counts that are no tile multiple, an empty group and
-// a group straddling pairs.
-TEST_CASE("gemm: the default paired GATED kernel gives the single-CTA kernel's bits", "[gemm][wgmma]") {
+// groups straddling pairs.
+TEST_CASE("gemm: the default paired GATED and DGATED kernels give the single-CTA kernel's bits", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::string(forced) == "mma") return;  // the mma.sync run of the suite has no pairs
   const std::string caller_path = forced != nullptr ? forced : "";
   Handles handles;
   std::mt19937_64 rng(23);
-  Case cs;
-  cs.gather = MOEKIT_GEMM_GATHER_A;
-  cs.epilogue = MOEKIT_EPILOGUE_GATED;
-  cs.n = 512;
-  cs.k = 4096;
-  cs.counts = {300, 0, 257, 129, 1000, 1};
-  const Inputs in = make_inputs(rng, cs);
-  unsetenv("MOEKIT_GEMM_PATH");
-  REQUIRE(moekit::choose_gemm_path(in.desc, 9, 0) == moekit::GemmPath::wgmma_pair);
-  check_case(handles, in);
-  const Outputs paired = run_cuda(handles.cuda, in);
-  setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
-  const Outputs single = run_cuda(handles.cuda, in);
+  Case gated;
+  gated.gather = MOEKIT_GEMM_GATHER_A;
+  gated.epilogue = MOEKIT_EPILOGUE_GATED;
+  gated.n = 512;
+  gated.k = 4096;
+  gated.counts = {300, 0, 257, 129, 1000, 1};
+  Case dgated = gated;  // dA = dout W2 with W2 as [k = H, n = I]: n is h's width 2I
+  dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
+  dgated.b_layout = MOEKIT_GEMM_B_KN;
+  for (const Case& cs : {gated, dgated}) {
+    INFO(cs.name());
+    const Inputs in = make_inputs(rng, cs);
+    unsetenv("MOEKIT_GEMM_PATH");
+    REQUIRE(moekit::choose_gemm_path(in.desc, 9, 0) == moekit::GemmPath::wgmma_pair);
+    check_case(handles, in);
+    const Outputs paired = run_cuda(handles.cuda, in);
+    setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
+    const Outputs single = run_cuda(handles.cuda, in);
+    REQUIRE(paired.c.bytes_equal(single.c));
+    REQUIRE(paired.act.bytes_equal(single.act));
+    if (in.dgated) REQUIRE(paired.dscores.bytes_equal(single.dscores));
+  }
   if (forced == nullptr)
     unsetenv("MOEKIT_GEMM_PATH");
   else
     setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
-  REQUIRE(paired.c.bytes_equal(single.c));
-  REQUIRE(paired.act.bytes_equal(single.act));
 }
 
 TEST_CASE("gemm: what the CUDA kernels cannot take is NOT_SUPPORTED", "[gemm]") {
