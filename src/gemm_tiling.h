@@ -69,8 +69,8 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_m
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;
 // "wgmma" gives the single-CTA wgmma kernel wherever it is capable, DGATED included, and mma_sync elsewhere;
-// "wgmma_pair" gives
-// wgmma_pair for the varlen-M problems wgmma is capable of, else as "wgmma" (tests run every path on one build).
+// "wgmma_pair" gives wgmma_pair for the varlen-M problems wgmma is capable of, else as "wgmma" (tests run every path
+// on one build).
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path
