@@ -510,6 +510,13 @@ __device__ __forceinline__ uint32_t accumulator_box_offset(int wg_tid) {
   return kmajor_offset(16 * warp + lane / 4, lane_byte / 16) + lane_byte % 16;
 }
 
+// Value pair `half` (rows lane / 4 + 8 half) of 8-column block `block` of a consumer's accumulators, times alpha,
+// rounded to the 16-bit Out: the 32-bit word a TMA-store epilogue puts in its box.
+template <class Out, int N>
+__device__ __forceinline__ uint32_t scaled_word(const float (&acc)[N], int block, int half, float alpha) {
+  return round_pair<Out>(acc[4 * block + 2 * half] * alpha, acc[4 * block + 2 * half + 1] * alpha);
+}
+
 // Box `box` of a consumer's epilogue by TMA: one of the consumer's two 8 KiB buffers (`buffers`, box % 2) is
 // rewritten once the store of two boxes before has read it; every thread puts its values in (fill(buffer's shared
 // address)), and the first thread issues the store (store(address)), which completes in the background while the
@@ -557,12 +564,12 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
         const uint32_t flip = static_cast<uint32_t>(sizeof(Out) / 2 * i) << 4;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          const float v0 = acc[4 * block + 2 * half] * p.alpha, v1 = acc[4 * block + 2 * half + 1] * p.alpha;
           const uint32_t address = buffer_address + lane_offset + 8 * 128 * half;
           if constexpr (add) {
-            store_shared_flipped_pair(address, flip, __float_as_uint(v0), __float_as_uint(v1));
+            store_shared_flipped_pair(address, flip, __float_as_uint(acc[4 * block + 2 * half] * p.alpha),
+                                      __float_as_uint(acc[4 * block + 2 * half + 1] * p.alpha));
           } else {
-            store_shared_flipped(address, flip, round_pair<Out>(v0, v1));
+            store_shared_flipped(address, flip, scaled_word<Out>(acc, block, half, p.alpha));
           }
         }
       }
@@ -592,9 +599,7 @@ __device__ __forceinline__ void store_tile_transposed_by_tma(const GroupedGemmPr
   const auto z = static_cast<int32_t>(t.group);
   const int warp = wg_tid / 32, lane = wg_tid % 32;
   const int matrix = lane / 8, half = matrix % 2;
-  const auto word = [&](int block, int h) {
-    return round_pair<T>(acc[4 * block + 2 * h] * p.alpha, acc[4 * block + 2 * h + 1] * p.alpha);
-  };
+  const auto word = [&](int block, int h) { return scaled_word<T>(acc, block, h, p.alpha); };
 #pragma unroll
   for (int box = 0; box < Cfg::bn / 64; ++box) {
     const int64_t c_row = n0 + 64 * box;

@@ -107,8 +107,8 @@ bool output_by_tma(const GroupedGemmProblem& p) {
 }
 
 bool transposed_weight_gradient(const GroupedGemmProblem& p) {
-  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather == MOEKIT_GEMM_GATHER_B && !p.c_fp32 && p.beta == 0.0f &&
-         output_by_tma(p);
+  // NOTE: varlen K by TMA with a C of the operand dtype is beta = 0 (output_by_tma).
+  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather == MOEKIT_GEMM_GATHER_B && !p.c_fp32 && output_by_tma(p);
 }
 
 GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_t bn) {
