@@ -53,7 +53,7 @@ GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count);
 enum class GemmPath : int32_t {
   mma_sync = 0,
   wgmma = 1,
-  wgmma_pair = 2,  // the wgmma kernel in clusters of 2 CTAs sharing each B tile by TMA multicast (varlen M)
+  wgmma_pair = 2,  // the wgmma kernel in clusters of 2 CTAs sharing each B tile by TMA multicast
 };
 
 const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
@@ -64,13 +64,14 @@ const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // wgmma where it is capable (measured faster for every mode and epilogue it takes), paired (wgmma_pair) for GATED
-// and DGATED with k >= 4096 (measured 1-3% faster there, the same bits), else mma_sync.
+// and DGATED with k >= 4096 (measured 1-3% faster there, the same bits) and for varlen K with fewer than 512 rows per
+// group on average (max_rows / groups; ~8% faster at 256, the same bits), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;
 // "wgmma" gives the single-CTA wgmma kernel wherever it is capable, DGATED included, and mma_sync elsewhere;
-// "wgmma_pair" gives wgmma_pair for the varlen-M problems wgmma is capable of, else as "wgmma" (tests run every path
-// on one build).
+// "wgmma_pair" gives wgmma_pair wherever wgmma is capable (varlen K then runs paired where pairs_weight_gradient
+// allows, else unpaired), else as "wgmma" (tests run every path on one build).
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path

@@ -160,6 +160,8 @@ void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, 
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }
+  // varlen M pairs any tile list (padded to an even count); varlen K only where pairs_weight_gradient says.
+  const bool pair = paired && (p.mode == MOEKIT_GEMM_VARLEN_M || pairs_weight_gradient(p, shape.bm));
   maps.c_by_tma = output_by_tma(caller);
   if (maps.c_by_tma) maps.c = make_output_tensor_map(caller);
   if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
@@ -169,14 +171,14 @@ void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, 
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
   if (tile == GemmTile::m128_n256) {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, sm_count, pair, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, sm_count, pair, stream);
   } else {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, sm_count, pair, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, sm_count, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, sm_count, pair, stream);
   }
 }
 

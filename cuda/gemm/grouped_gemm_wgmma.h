@@ -28,6 +28,10 @@ CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows
 // The TMA map of varlen K's operand that is not gathered (B [rows, n], or A [rows, m] when B is gathered) as rank 3
 // (columns, rows, 1), boxes of 64 columns x 64 reduction rows: each box one 8 KiB block of the MN-major layout.
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p);
+// Whether a varlen-K problem, as the kernel runs it (after transpose_weight_gradient), can take paired CTAs: B is
+// the operand loaded by TMA, which the two CTAs of a pair share (m tiles 2i and 2i + 1 of one group, the same
+// column tile), and each group's m tiles of bm rows pair up (an even count). Else launch_wgmma runs it unpaired.
+bool pairs_weight_gradient(const GroupedGemmProblem& p, int64_t bm);
 
 // The TMA maps the persistent wgmma kernel reads, one kernel parameter.
 struct WgmmaOperandMaps {
@@ -62,8 +66,9 @@ CUtensorMap make_gated_act_tensor_map(const GroupedGemmProblem& p);
 // a whole row tile in the 128-byte swizzle, zeros past the last row. The producer loads the epilogue's h through it.
 CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
-// group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M, a tile list padded to an
-// even count) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by multicast within a group.
+// group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M: a tile list padded to an
+// even count; varlen K: pairs_weight_gradient) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by
+// multicast within a group.
 // `Activated`: the kernel for the layout's activation epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others
 // take STORE and BIAS. One instantiation per translation unit
 // (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>.cu).

@@ -211,12 +211,13 @@ __device__ __forceinline__ float pick(const float (&values)[4], int i) {
 // (cp_async_16 reads nothing then): choosing a safe address per copy cost the producer, whose own instruction
 // latency bounds the weight gradients (ncu: consumers waiting on `full`), two instructions per copy; for the same
 // reason a whole slice copies its one cp.async operand through a shorter path than the partial slice's.
-// `it` counts ring uses across tiles.
+// `multicast` (paired CTAs, B by TMA: both CTAs take the same group's rows and B columns): in a whole slice this CTA
+// loads its half of B's blocks into both CTAs. `it` counts ring uses across tiles.
 template <class T, class Cfg>
 __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const CUtensorMap* map,
-                                                     const WgmmaTile& t, int64_t slices, uint32_t smem_a,
-                                                     uint32_t smem_b, uint32_t full_bars, uint32_t empty_bars,
-                                                     int wg_tid, uint32_t& it) {
+                                                     const WgmmaTile& t, int64_t slices, bool multicast, uint32_t rank,
+                                                     uint32_t smem_a, uint32_t smem_b, uint32_t full_bars,
+                                                     uint32_t empty_bars, int wg_tid, uint32_t& it) {
   constexpr int BK = Cfg::bk, S = Cfg::stages, BN = Cfg::bn;
   constexpr int rows_per_pass = 128 / 8, passes = BK / rows_per_pass;
   const T* a_base = static_cast<const T*>(p.a);
@@ -272,12 +273,22 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
     if (wg_tid == 0) {
       // The arrival the varlen-M producer makes, with the bytes of the TMA boxes when there are any.
       if (whole) {
+        // Multicast: every block lands here, half of them from the peer.
         mbarrier_arrive_expect_tx(full, tma_blocks * Cfg::mn_block_bytes);
         const uint32_t slot_base = tma_b ? smem_b + slot * Cfg::b_stage_bytes : smem_a + slot * Cfg::a_stage_bytes;
+        if (multicast) {
 #pragma unroll 1
-        for (int block = 0; block < tma_blocks; ++block)
-          tma_load_3d(slot_base + block * Cfg::mn_block_bytes, map, full, tma_column + 64 * block,
-                      static_cast<int32_t>(slice_row), 0);
+          for (int i = 0; i < tma_blocks / 2; ++i) {
+            const int block = static_cast<int>(rank) * (tma_blocks / 2) + i;
+            tma_load_3d_multicast(slot_base + block * Cfg::mn_block_bytes, map, full, tma_column + 64 * block,
+                                  static_cast<int32_t>(slice_row), 0, 0x3);
+          }
+        } else {
+#pragma unroll 1
+          for (int block = 0; block < tma_blocks; ++block)
+            tma_load_3d(slot_base + block * Cfg::mn_block_bytes, map, full, tma_column + 64 * block,
+                        static_cast<int32_t>(slice_row), 0);
+        }
       } else {
         mbarrier_arrive(full);
       }
@@ -721,11 +732,13 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128, wg_tid = tid % 128;
-  // Paired CTAs (varlen M launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take a pair
-  // of consecutive row tiles (the tile list is padded to an even count) at the same column tile; when both are of
-  // one group each loads half of the B tile and multicasts it to both, else (a pair across a group boundary) each
-  // loads its own. Either way a ring slot is reused only when the consumers of both CTAs have released it.
-  const uint32_t cluster_size = varlen_k ? 1 : cluster_num_ctas();
+  // Paired CTAs (launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take a pair of
+  // consecutive row tiles at the same column tile — varlen M: of the tile list, padded to an even count; varlen K: m
+  // tiles 2i and 2i + 1 of one group (pairs_weight_gradient: B by TMA, an even m tile count). When both are of one
+  // group each loads half of the B tile and multicasts it to both (varlen K: in the slices wholly inside the group),
+  // else (a varlen-M pair across a group boundary) each loads its own. Either way a ring slot is reused only when
+  // the consumers of both CTAs have released it.
+  const uint32_t cluster_size = cluster_num_ctas();
   const bool paired = cluster_size == 2;
   const uint32_t rank = paired ? cluster_cta_rank() : 0;
 
@@ -751,7 +764,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     __syncthreads();
 
   // The walk: unit u is tile u, or (paired) the row tile pair u / n_tiles at column tile u % n_tiles, of which this
-  // CTA takes row tile 2 (u / n_tiles) + rank. Both CTAs of a cluster walk the same units.
+  // CTA takes row tile 2 (u / n_tiles) + rank (varlen K: row tile g m_tiles + i is m tile i of group g). Both CTAs
+  // of a cluster walk the same units.
   const int64_t tiles = wgmma_tile_count<varlen_k, BM>(p);
   const int64_t units = paired ? tiles / 2 : tiles;
   const int64_t first_unit = paired ? blockIdx.x / 2 : blockIdx.x;
@@ -785,7 +799,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
-        load_varlen_k_slices<T, Cfg>(p, &maps.b, t, slices, smem_a, smem_b, full_bars, empty_bars, wg_tid, it);
+        load_varlen_k_slices<T, Cfg>(p, &maps.b, t, slices, paired, rank, smem_a, smem_b, full_bars, empty_bars,
+                                     wg_tid, it);
       } else {
         load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs,
                                                  paired && peer_group(unit) == t.group, rank, smem_a, smem_b,
@@ -994,7 +1009,7 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& map
   auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Activated>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
-  if (!paired || Op == Operands::varlen_k) {
+  if (!paired) {
     const int64_t blocks = bound < sm_count ? bound : sm_count;
     kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, maps);
     check_launch("grouped GEMM (wgmma): tile kernel");
@@ -1016,7 +1031,7 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& map
   config.gridDim = dim3(static_cast<unsigned>(sm_count / 2 * 2));
   int resident = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), "grouped GEMM (wgmma): cluster occupancy");
-  const int64_t units = (p.m_tiles + 1) / 2 * p.n_tiles;
+  const int64_t units = Op == Operands::varlen_k ? bound / 2 : (p.m_tiles + 1) / 2 * p.n_tiles;
   const int64_t clusters = units < resident ? units : (resident > 0 ? resident : 1);
   config.gridDim = dim3(static_cast<unsigned>(2 * clusters));
   check_cuda(cudaLaunchKernelEx(&config, kernel, p, maps), "grouped GEMM (wgmma): paired tile kernel");

@@ -125,6 +125,10 @@ GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_
   return t;
 }
 
+bool pairs_weight_gradient(const GroupedGemmProblem& p, int64_t bm) {
+  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather != MOEKIT_GEMM_GATHER_B && (p.m + bm - 1) / bm % 2 == 0;
+}
+
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {
   if (p.mode == MOEKIT_GEMM_VARLEN_M) return matrix_map(p.dtype, p.c, p.n, p.rows, p.ldc, 64);
   const cuuint64_t bytes = p.c_fp32 ? 4 : element_bytes;

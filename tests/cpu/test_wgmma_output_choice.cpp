@@ -3,7 +3,8 @@
 // TMA; every case the TMA epilogues cannot serve (a bias, beta != 0 outside varlen K's fp32 reduce-adds, GATED with
 // the INTERLEAVED layout, alpha != 1, a plain activation or an activation width that is not a multiple of 64,
 // DGATED, an empty problem) goes to the threads' epilogue. And which varlen-K problems run as their transpose
-// (transposed_weight_gradient, transpose_weight_gradient). Built with the CUDA backend only.
+// (transposed_weight_gradient, transpose_weight_gradient), and which of them take paired CTAs
+// (pairs_weight_gradient). Built with the CUDA backend only.
 #include <catch2/catch.hpp>
 
 #if MOEKIT_WITH_CUDA
@@ -15,6 +16,7 @@
 
 using moekit::cuda::gemm::GroupedGemmProblem;
 using moekit::cuda::gemm::output_by_tma;
+using moekit::cuda::gemm::pairs_weight_gradient;
 using moekit::cuda::gemm::transpose_weight_gradient;
 using moekit::cuda::gemm::transposed_weight_gradient;
 
@@ -160,6 +162,28 @@ TEST_CASE("transposed_weight_gradient: varlen K with B gathered and a bf16 / fp1
   CHECK(t.c == dw1.c);
   CHECK(t.c_group_stride == dw1.c_group_stride);
   CHECK_FALSE(dw1.c_transposed);
+}
+
+TEST_CASE("pairs_weight_gradient: B by TMA and an even count of m tiles", "[gemm]") {
+  // dW1 as the kernel runs it (transposed): x^T dh, x gathered as A, C^T's m = H = 1024: 8 m tiles of 128.
+  GroupedGemmProblem dw1 = problem(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE);
+  dw1.gather = MOEKIT_GEMM_GATHER_A;
+  dw1.m = 1024;
+  dw1.n = 512;
+  CHECK(pairs_weight_gradient(dw1, 128));
+  GroupedGemmProblem contiguous = dw1;
+  contiguous.gather = MOEKIT_GEMM_GATHER_NONE;
+  CHECK(pairs_weight_gradient(contiguous, 128));
+  GroupedGemmProblem partial = dw1;  // 7 full m tiles and a partial one: 8, even
+  partial.m = 1000;
+  CHECK(pairs_weight_gradient(partial, 128));
+  GroupedGemmProblem odd = dw1;  // 9 m tiles: the last would have no partner
+  odd.m = 1032;
+  CHECK_FALSE(pairs_weight_gradient(odd, 128));
+  GroupedGemmProblem b_gathered = dw1;  // the fp32 beta = 1 dW1 keeps B gathered: its TMA operand is A, not shared
+  b_gathered.gather = MOEKIT_GEMM_GATHER_B;
+  CHECK_FALSE(pairs_weight_gradient(b_gathered, 128));
+  CHECK_FALSE(pairs_weight_gradient(up_projection(), 128));  // varlen M pairs through its tile list instead
 }
 
 #endif

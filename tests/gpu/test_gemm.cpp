@@ -490,19 +490,25 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
               ++checked;
             }
   CHECK(checked == 2 * 16 * 16);
-  if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
   // varlen K: every gather, output dtype and beta, both dtypes and tiles; m and n multiples of 8 only (the copies
-  // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups.
-  for (Case cs : varlen_k_cases()) {
-    if (cs.gather != MOEKIT_GEMM_GATHER_B) {
-      cs.k = 192;
-      cs.n = 320;
+  // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups; alone and paired (wgmma_pair: m
+  // tiles 2i and 2i + 1 sharing B by multicast where pairs_weight_gradient allows it: C's m = 192, or n = 200 for the
+  // transposed B-gathered problem, is 2 m tiles; the others run unpaired).
+  for (const char* path : {"wgmma", "wgmma_pair"})
+    for (Case cs : varlen_k_cases()) {
+      if (cs.gather != MOEKIT_GEMM_GATHER_B) {
+        cs.k = 192;
+        cs.n = 320;
+      } else {
+        cs.n = 200;
+      }
+      cs.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
+      const Inputs in = make_inputs(rng, cs);
+      REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+      INFO("MOEKIT_GEMM_PATH " << path);
+      if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
+      check_case(handles, in);
     }
-    cs.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
-    const Inputs in = make_inputs(rng, cs);
-    REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
-    check_case(handles, in);
-  }
   if (forced == nullptr)
     unsetenv("MOEKIT_GEMM_PATH");
   else
@@ -745,10 +751,11 @@ TEST_CASE("gemm: bitwise identical over three reruns, fresh buffers and a second
   CUDA_REQUIRE(cudaStreamDestroy(stream));
 }
 
-// GATED and DGATED from k = 4096 on run paired by default (choose_gemm_path): the paired kernel must give the
-// single-CTA kernel's bits, and both the reference's values, on counts that are no tile multiple, an empty group and
-// groups straddling pairs.
-TEST_CASE("gemm: the default paired GATED and DGATED kernels give the single-CTA kernel's bits", "[gemm][wgmma]") {
+// GATED and DGATED from k = 4096 on, and varlen K with fewer than 512 rows per group, run paired by default
+// (choose_gemm_path): the paired kernel must give the single-CTA kernel's bits, and both the reference's values, on
+// counts that are no tile multiple, an empty group and (varlen M) groups straddling pairs. varlen K: x gathered as
+// dW1 (run transposed: C^T's 512 rows are 4 m tiles) and as dW2's dout, A gathered (C's m = 256: 2 m tiles).
+TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::string(forced) == "mma") return;  // the mma.sync run of the suite has no pairs
   const std::string caller_path = forced != nullptr ? forced : "";
@@ -763,7 +770,18 @@ TEST_CASE("gemm: the default paired GATED and DGATED kernels give the single-CTA
   Case dgated = gated;  // dA = dout W2 with W2 as [k = H, n = I]: n is h's width 2I
   dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
   dgated.b_layout = MOEKIT_GEMM_B_KN;
-  for (const Case& cs : {gated, dgated}) {
+  Case dw1;
+  dw1.mode = MOEKIT_GEMM_VARLEN_K;
+  dw1.gather = MOEKIT_GEMM_GATHER_B;
+  dw1.k = 192;
+  dw1.n = 512;
+  dw1.counts = {300, 0, 257, 129, 1000, 1, 63, 65};
+  dw1.tile = "128x256";
+  Case dw2 = dw1;
+  dw2.gather = MOEKIT_GEMM_GATHER_A;
+  dw2.k = 256;
+  dw2.n = 320;
+  for (const Case& cs : {gated, dgated, dw1, dw2}) {
     INFO(cs.name());
     const Inputs in = make_inputs(rng, cs);
     unsetenv("MOEKIT_GEMM_PATH");
