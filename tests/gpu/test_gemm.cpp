@@ -753,8 +753,8 @@ TEST_CASE("gemm: bitwise identical over three reruns, fresh buffers and a second
 
 // GATED and DGATED from k = 4096 on, and varlen K with fewer than 512 rows per group, run paired by default
 // (choose_gemm_path): the paired kernel must give the single-CTA kernel's bits, and both the reference's values, on
-// counts that are no tile multiple, an empty group and (varlen M) groups straddling pairs. varlen K: x gathered as
-// dW1 (run transposed: C^T's 512 rows are 4 m tiles) and as dW2's dout, A gathered (C's m = 256: 2 m tiles).
+// counts that are no tile multiple, an empty group and (varlen M) groups straddling pairs. varlen K: B gathered as in
+// dW1 (run transposed: C^T's 512 rows are 4 m tiles), and A gathered (run as it is: C's m = 256, 2 m tiles).
 TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::string(forced) == "mma") return;  // the mma.sync run of the suite has no pairs
@@ -777,11 +777,11 @@ TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", 
   dw1.n = 512;
   dw1.counts = {300, 0, 257, 129, 1000, 1, 63, 65};
   dw1.tile = "128x256";
-  Case dw2 = dw1;
-  dw2.gather = MOEKIT_GEMM_GATHER_A;
-  dw2.k = 256;
-  dw2.n = 320;
-  for (const Case& cs : {gated, dgated, dw1, dw2}) {
+  Case a_gathered = dw1;
+  a_gathered.gather = MOEKIT_GEMM_GATHER_A;
+  a_gathered.k = 256;
+  a_gathered.n = 320;
+  for (const Case& cs : {gated, dgated, dw1, a_gathered}) {
     INFO(cs.name());
     const Inputs in = make_inputs(rng, cs);
     unsetenv("MOEKIT_GEMM_PATH");
