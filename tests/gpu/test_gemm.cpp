@@ -462,6 +462,14 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
   const std::string caller_path = forced != nullptr ? forced : "";
   Handles handles;
   std::mt19937_64 rng(5);
+  // Case cs on fresh inputs under MOEKIT_GEMM_PATH=path (unless the caller forced mma.sync, which then runs it).
+  const auto check_on = [&](const char* path, const Case& cs) {
+    const Inputs in = make_inputs(rng, cs);
+    REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+    INFO("MOEKIT_GEMM_PATH " << path);
+    if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
+    check_case(handles, in);
+  };
   int checked = 0;
   // varlen M on the wgmma kernel alone and in clusters of 2 (wgmma_pair: pairs of row tiles sharing B by multicast,
   // or across a group boundary each loading its own; an odd tile count padded by one empty tile).
@@ -482,11 +490,7 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
                      : glu                                                                        ? 192
                                                                                                   : 128;
               cs.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
-              const Inputs in = make_inputs(rng, cs);
-              REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
-              INFO("MOEKIT_GEMM_PATH " << path);
-              if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
-              check_case(handles, in);
+              check_on(path, cs);
               ++checked;
             }
   CHECK(checked == 2 * 16 * 16);
@@ -503,11 +507,7 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
         cs.n = 200;
       }
       cs.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
-      const Inputs in = make_inputs(rng, cs);
-      REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
-      INFO("MOEKIT_GEMM_PATH " << path);
-      if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
-      check_case(handles, in);
+      check_on(path, cs);
     }
   if (forced == nullptr)
     unsetenv("MOEKIT_GEMM_PATH");
