@@ -212,8 +212,9 @@ __device__ __forceinline__ float pick(const float (&values)[4], int i) {
 // latency bounds the weight gradients (ncu: consumers waiting on `full`), two instructions per copy; for the same
 // reason a whole slice copies its one cp.async operand through a shorter path than the partial slice's.
 // `multicast` (paired CTAs, B by TMA: both CTAs take the same group's rows and B columns): in a whole slice this CTA
-// loads its half of B's blocks into both CTAs. `it` counts ring uses across tiles.
-template <class T, class Cfg>
+// loads its half of B's blocks into both CTAs. `it` counts ring uses across tiles. TmaB: B is the TMA operand (B not
+// gathered), known at compile time so that a whole slice issues only its copied operand's copies.
+template <class T, class Cfg, bool TmaB>
 __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                      const WgmmaTile& t, int64_t slices, bool multicast, uint32_t rank,
                                                      uint32_t smem_a, uint32_t smem_b, uint32_t full_bars,
@@ -222,15 +223,15 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   constexpr int rows_per_pass = 128 / 8, passes = BK / rows_per_pass;
   const T* a_base = static_cast<const T*>(p.a);
   const T* b_base = static_cast<const T*>(p.b);
-  const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A, gather_b = p.gather == MOEKIT_GEMM_GATHER_B;
+  const bool gather_a = p.gather == MOEKIT_GEMM_GATHER_A, gather_b = !TmaB;
   const bool gathered = gather_a || gather_b;
   const int chunk = wg_tid % 8, first_row = wg_tid / 8;
   const int64_t n0 = t.n_tile * BN;
   // The tile's columns inside m and n (both multiples of 8, so a 16-byte chunk is wholly in or out).
   const auto a_columns = static_cast<int32_t>(min(p.m - t.m0, static_cast<int64_t>(Cfg::bm)));
   const auto b_columns = static_cast<int32_t>(min(p.n - n0, static_cast<int64_t>(BN)));
-  const bool tma_b = !gather_b;
-  const int tma_blocks = tma_b ? BN / 64 : Cfg::bm / 64;
+  constexpr bool tma_b = TmaB;
+  constexpr int tma_blocks = tma_b ? BN / 64 : Cfg::bm / 64;
   const auto tma_column = static_cast<int32_t>(tma_b ? n0 : t.m0);
   // The gathered source rows of this thread's rows of slice s. Rows past the group's end (only in its last slice,
   // whose copies mask them) take the last row's index: no branch per row.
@@ -257,7 +258,7 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   const int64_t copied_column = (tma_b ? t.m0 : n0) + 8 * chunk;
   const auto copied_start = reinterpret_cast<uint64_t>(copied_base + copied_column);
   const auto copied_ld_bytes = static_cast<uint32_t>((tma_b ? p.lda : p.ldb) * static_cast<int64_t>(sizeof(T)));
-  const int copied_blocks = tma_b ? Cfg::bm / 64 : BN / 64;
+  constexpr int copied_blocks = tma_b ? Cfg::bm / 64 : BN / 64;
   const int32_t copied_columns = tma_b ? a_columns : b_columns;
   constexpr int max_blocks = (BN > Cfg::bm ? BN : Cfg::bm) / 64;
   uint32_t block_inside = 0;
@@ -799,8 +800,12 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
       const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
       const int64_t slices = slices_of(t);
       if constexpr (varlen_k) {
-        load_varlen_k_slices<T, Cfg>(p, &maps.b, t, slices, paired, rank, smem_a, smem_b, full_bars, empty_bars,
-                                     wg_tid, it);
+        if (p.gather == MOEKIT_GEMM_GATHER_B)
+          load_varlen_k_slices<T, Cfg, false>(p, &maps.b, t, slices, paired, rank, smem_a, smem_b, full_bars,
+                                              empty_bars, wg_tid, it);
+        else
+          load_varlen_k_slices<T, Cfg, true>(p, &maps.b, t, slices, paired, rank, smem_a, smem_b, full_bars,
+                                             empty_bars, wg_tid, it);
       } else {
         load_varlen_m_slices<T, Cfg, b_mn_major>(p, maps, t, slices, a_by_tma, concat_pairs,
                                                  paired && peer_group(unit) == t.group, rank, smem_a, smem_b,
