@@ -260,10 +260,9 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
   const auto copied_ld_bytes = static_cast<uint32_t>((tma_b ? p.lda : p.ldb) * static_cast<int64_t>(sizeof(T)));
   constexpr int copied_blocks = tma_b ? Cfg::bm / 64 : BN / 64;
   const int32_t copied_columns = tma_b ? a_columns : b_columns;
-  constexpr int max_blocks = (BN > Cfg::bm ? BN : Cfg::bm) / 64;
   uint32_t block_inside = 0;
 #pragma unroll
-  for (int block = 0; block < max_blocks; ++block)
+  for (int block = 0; block < copied_blocks; ++block)
     if (64 * block + 8 * chunk < copied_columns) block_inside |= 1u << block;
   for (int64_t s = 0; s < slices; ++s, ++it) {
     const uint32_t slot = it % S, parity = (it / S) & 1;
@@ -303,9 +302,8 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
         const T* from = reinterpret_cast<const T*>(copied_start + static_cast<uint64_t>(source_row) * copied_ld_bytes);
         const uint32_t line = copied_slot + mnmajor_offset<64>(row, chunk);
 #pragma unroll
-        for (int block = 0; block < max_blocks; ++block)
-          if (block < copied_blocks)
-            cp_async_16(line + block * Cfg::mn_block_bytes, from + 64 * block, (block_inside >> block) & 1u);
+        for (int block = 0; block < copied_blocks; ++block)
+          cp_async_16(line + block * Cfg::mn_block_bytes, from + 64 * block, (block_inside >> block) & 1u);
       }
       mbarrier_arrive_on_cp_async(full);
       if (s + 1 < slices) load_sources(s + 1);
