@@ -1,6 +1,7 @@
 // Timing of the CUDA token reductions through the C ABI (moekit_time_reduce): combine and the broadcast backward at
-// T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), db1 at E = 128, 2I = 2048 over
-// the same P = 262144 grouped rows, db2 + ds at H = 4096. Prints the median/min/max time per call, the GB/s the
+// T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), the combine also at (T, H) =
+// (24576, 1536) and (40960, 768), db1 at E = 128, 2I = 2048 over the same P = 262144 grouped rows, db2 + ds at
+// H = 4096. Prints the median/min/max time per call, the GB/s the
 // minimum bytes give at the median, and the percentage of the device-copy ceiling measured in the same run.
 // Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
 // rows of each pair, index and score tensors), nothing for the workspace.
@@ -16,6 +17,7 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/moekit.h"
@@ -52,6 +54,52 @@ struct Row {
   double bytes;
 };
 
+// Times the combine of `tokens` tokens, K = kTopK, H = `hidden` (bf16, beta = 0) over `routing` with weights
+// `scores` [tokens, K], and with `broadcast` the broadcast backward of the same shape; appends their rows.
+void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& routing,
+                  const std::vector<float>& scores, int64_t tokens, int64_t hidden, bool broadcast,
+                  std::vector<Row>& rows) {
+  const int64_t pairs = tokens * kTopK;
+  DeviceMemory grouped_pos(pairs * 4), weights(pairs * 4);
+  upload(grouped_pos, routing.grouped_pos);
+  upload(weights, scores);
+  const size_t y_bytes = size_t(pairs * hidden * 2), out_bytes = size_t(tokens * hidden * 2);
+  const int sets = rotation_sets(y_bytes + out_bytes);
+  std::vector<std::unique_ptr<DeviceMemory>> ys, outs;
+  for (int s = 0; s < sets; ++s) {
+    ys.push_back(std::make_unique<DeviceMemory>(y_bytes));
+    outs.push_back(std::make_unique<DeviceMemory>(out_bytes));
+    fill_random_bf16_repeated(ys.back()->data, y_bytes / 2, 1.0f, 100 + s);
+  }
+  moekit_combine_desc_t desc;
+  moekit_combine_desc_init(&desc);
+  desc.max_tokens = tokens;
+  desc.top_k = kTopK;
+  desc.hidden = hidden;
+  desc.dtype = MOEKIT_DTYPE_BF16;
+  moekit_plan_t plan = nullptr;
+  check(moekit_combine_plan_create(handle, &desc, &plan), "combine plan");
+  for (int weighted = 1; weighted >= (broadcast ? 0 : 1); --weighted) {
+    const auto run = [&](int s) {
+      moekit_combine_args_t args;
+      moekit_combine_args_init(&args);
+      args.grouped = view(ys[s]->data, MOEKIT_DTYPE_BF16, {pairs, hidden});
+      if (weighted) args.scores = view(weights.data, MOEKIT_DTYPE_FP32, {tokens, kTopK});
+      args.grouped_pos = view(grouped_pos.data, MOEKIT_DTYPE_INT32, {pairs});
+      args.out = view(outs[s]->data, MOEKIT_DTYPE_BF16, {tokens, hidden});
+      check(weighted ? moekit_combine(plan, &args, nullptr, 0, stream)
+                     : moekit_broadcast_backward(plan, &args, nullptr, 0, stream),
+            "combine");
+    };
+    const double bytes = static_cast<double>(y_bytes + out_bytes + pairs * 4 + (weighted ? pairs * 4 : 0));
+    const std::string shape = "T=" + std::to_string(tokens) + " K=" + std::to_string(kTopK) +
+                              " H=" + std::to_string(hidden);
+    rows.push_back(Row{weighted ? "combine " + shape + " bf16 beta=0" : "broadcast backward " + shape,
+                       time_calls(run, sets, stream), bytes});
+  }
+  moekit_plan_destroy(plan);
+}
+
 }  // namespace
 
 int main() {
@@ -71,8 +119,7 @@ int main() {
                 prop.multiProcessorCount, copy_tbps);
 
     const Routing routing = random_routing(kTokens, kExperts, kTopK, 7);
-    DeviceMemory grouped_pos(kPairs * 4), gather_idx(kPairs * 4), pair_idx(kPairs * 4), offsets((kExperts + 1) * 4);
-    upload(grouped_pos, routing.grouped_pos);
+    DeviceMemory gather_idx(kPairs * 4), pair_idx(kPairs * 4), offsets((kExperts + 1) * 4);
     upload(gather_idx, routing.gather_idx);
     upload(pair_idx, routing.pair_idx);
     upload(offsets, routing.offsets);
@@ -86,40 +133,14 @@ int main() {
 
     std::vector<Row> rows;
 
-    {  // combine and broadcast backward
-      const size_t y_bytes = size_t{kPairs} * kHidden * 2, out_bytes = size_t{kTokens} * kHidden * 2;
-      const int sets = rotation_sets(y_bytes + out_bytes);
-      std::vector<std::unique_ptr<DeviceMemory>> ys, outs;
-      for (int s = 0; s < sets; ++s) {
-        ys.push_back(std::make_unique<DeviceMemory>(y_bytes));
-        outs.push_back(std::make_unique<DeviceMemory>(out_bytes));
-        fill_random_bf16_repeated(ys.back()->data, y_bytes / 2, 1.0f, 100 + s);
-      }
-      moekit_combine_desc_t desc;
-      moekit_combine_desc_init(&desc);
-      desc.max_tokens = kTokens;
-      desc.top_k = kTopK;
-      desc.hidden = kHidden;
-      desc.dtype = MOEKIT_DTYPE_BF16;
-      moekit_plan_t plan = nullptr;
-      check(moekit_combine_plan_create(handle, &desc, &plan), "combine plan");
-      for (int weighted = 1; weighted >= 0; --weighted) {
-        const auto run = [&](int s) {
-          moekit_combine_args_t args;
-          moekit_combine_args_init(&args);
-          args.grouped = view(ys[s]->data, MOEKIT_DTYPE_BF16, {kPairs, kHidden});
-          if (weighted) args.scores = view(scores.data, MOEKIT_DTYPE_FP32, {kTokens, kTopK});
-          args.grouped_pos = view(grouped_pos.data, MOEKIT_DTYPE_INT32, {kPairs});
-          args.out = view(outs[s]->data, MOEKIT_DTYPE_BF16, {kTokens, kHidden});
-          check(weighted ? moekit_combine(plan, &args, nullptr, 0, stream)
-                         : moekit_broadcast_backward(plan, &args, nullptr, 0, stream),
-                "combine");
-        };
-        const double bytes = static_cast<double>(y_bytes + out_bytes + kPairs * 4 + (weighted ? kPairs * 4 : 0));
-        rows.push_back(Row{weighted ? "combine T=32768 K=8 H=4096 bf16 beta=0" : "broadcast backward (same shape)",
-                           time_calls(run, sets, stream), bytes});
-      }
-      moekit_plan_destroy(plan);
+    // The combine at the layer's largest shape, with the broadcast backward; then at the SonicMoE figure's smaller
+    // hidden sizes (their H / 8 vectors per row are not a power of two), each with its own random routing.
+    time_combine(handle, stream, routing, host_scores, kTokens, kHidden, true, rows);
+    for (const auto& [tokens, hidden] : {std::pair<int64_t, int64_t>{24576, 1536}, {40960, 768}}) {
+      const Routing shape_routing = random_routing(tokens, kExperts, kTopK, 8);
+      std::vector<float> shape_scores(static_cast<size_t>(tokens * kTopK));
+      for (float& s : shape_scores) s = unit(rng);
+      time_combine(handle, stream, shape_routing, shape_scores, tokens, hidden, false, rows);
     }
 
     {  // db1

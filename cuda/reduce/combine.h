@@ -7,11 +7,12 @@
 // fp32 accumulation in that order, one rounding to the storage dtype at the end; a dropped pair
 // (grouped_pos = -1) adds nothing; with beta = 0, out is never read.
 //
-// Launch shape: a "token group" of power-of-two threads per token (as many as the row has 16-byte vectors, at
-// most a block of 256); each thread owns whole 16-byte column vectors of the token's output row, keeps their
-// 8 fp32 sums in registers and issues the loads of 8 pairs' rows before it multiplies any of them, so many loads
-// are in flight. Every output element has exactly one writer and a fixed summation order: the result is the
-// same bits on every run and stream.
+// Launch shape: a "token group" of threads per token (as many as the row has 16-byte vectors, at most 256; below
+// 32 rounded up to a power of two, from 32 on to whole warps), as many groups per block as fit in 256 threads
+// (H = 1536: one group of 192 — a power-of-two group had left a quarter of its threads idle); each thread owns
+// whole 16-byte column vectors of the token's output row, keeps their 8 fp32 sums in registers and issues the
+// loads of 8 pairs' rows before it multiplies any of them, so many loads are in flight. Every output element has
+// exactly one writer and a fixed summation order: the result is the same bits on every run and stream.
 #pragma once
 
 #include <cuda_runtime.h>

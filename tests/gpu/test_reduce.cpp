@@ -458,6 +458,20 @@ TEST_CASE("combine matches the reference at T = 32768", "[gpu][reduce][combine]"
   check_combine(handles, in);
 }
 
+// Token groups of every kind combine_token_threads makes (cuda/reduce/combine.cuh): whole warps that are not a power
+// of two (H = 1536: 192 threads, one token per block; H = 768: 96, two per block), a partial last warp (H = 776: 97
+// vectors in 128 threads) and a power of two below a warp (H = 200: 25 vectors in 32 threads, 8 tokens per block),
+// with a token count that leaves the last block partly empty.
+TEST_CASE("combine over token groups of whole warps, a partial warp and below a warp", "[gpu][reduce][combine]") {
+  Handles handles;
+  std::mt19937_64 rng(305);
+  const int64_t hidden = GENERATE(1536, 768, 776, 200);
+  const bool weighted = GENERATE(true, false);
+  INFO("H " << hidden << " weighted " << weighted);
+  CombineInputs in = combine_inputs(rng, MOEKIT_DTYPE_BF16, 1027, 8, hidden, {}, 0.1, weighted, 0.0);
+  check_combine(handles, in);
+}
+
 TEST_CASE("variable top-k combine and broadcast backward (0..5 pairs per token) match the reference",
           "[sanitize][gpu][reduce][combine]") {
   Handles handles;
