@@ -251,9 +251,16 @@ inline moekit_db1_args_t row_sum_args(const moekit_tensor_t& rows, const moekit_
 }
 
 // dst rows [rows, cols] (row stride dst_stride) = src [rows, cols] contiguous, device to device, on `stream`.
+// NOTE: a contiguous dst takes one linear copy: as a 2D copy of K-wide rows (the layer's [T, K] scores), the copy
+// of T = 24576 rows of 32 bytes took 16 us on the H200.
 inline void copy_rows(void* dst, int64_t dst_stride, const void* src, int64_t rows, int64_t cols, size_t element,
                       cudaStream_t stream, const char* what) {
   if (rows == 0) return;
+  if (dst_stride == cols) {
+    check_cuda(cudaMemcpyAsync(dst, src, static_cast<size_t>(rows * cols) * element, cudaMemcpyDeviceToDevice, stream),
+               what);
+    return;
+  }
   check_cuda(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * element, src,
                                static_cast<size_t>(cols) * element, static_cast<size_t>(cols) * element,
                                static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream),
