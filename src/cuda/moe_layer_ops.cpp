@@ -98,13 +98,14 @@ MoeBuffers moe_buffers(const moekit_plan& layer, MoePlans& p, void* workspace, v
 
   Carve ws(workspace);
   b.scratch = ws.take(b.scratch_bytes);
-  b.routing = take_routing(ws, E, P);
   const bool saving = !d.inference;
   Carve sv(saved, kSavedHeaderBytes);
   Carve& kept = saving ? sv : ws;
   b.logits = kept.take(static_cast<size_t>(T * d.router_experts) * es);
   b.scores = kept.take<float>(P);
   b.indices = kept.take<int32_t>(P);
+  // The dispatch's output is saved too: the backward reads it instead of dispatching again (~30 us at T = 24576).
+  b.routing = take_routing(kept, E, P);
   b.h = kept.take(static_cast<size_t>(P * hw) * es);
   b.saved_end = saving ? sv.end() : 0;
   if (!backward) {
@@ -208,8 +209,8 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
+  // The forward's dispatch of these indices, from the saved buffer.
   const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
-  dispatch(p.dispatch, g, scratch, stream);
 
   // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
   if (P > 0) check_cuda(cudaMemsetAsync(b.ds, 0, static_cast<size_t>(P) * sizeof(float), stream), "ds clear");
