@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <utility>
 
 #include "kernel_choice_log.h"
 #include "workload.h"
@@ -56,6 +57,28 @@ void measure_baseline(CaseResult& r, const WorkModel& model, const CallCounts& c
     r.baseline_gbps = r.bytes / seconds / 1e9;
   }
   r.ratio = r.baseline.median_us / r.time.median_us;
+}
+
+// A derived time is the difference of two measurements, so both must see the same machine: their rounds alternate
+// (full, part, full, part, ...), and a burst of load from another process slows a round of each rather than all
+// rounds of one. Measured back to back, a busy host (CI runs the tests two at a time on two cores) made a
+// backward's difference negative.
+std::pair<Rounds, Rounds> time_alternating_rounds(Platform& platform, const Call& full, const Call& part, int sets,
+                                                  const CallCounts& counts) {
+  Rounds full_rounds, part_rounds;
+  std::vector<double> full_all, part_all;
+  const auto one_round = [&](const Call& call, Rounds& rounds, std::vector<double>& all) {
+    const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
+    rounds.medians.push_back(summarize(us).median_us);
+    all.insert(all.end(), us.begin(), us.end());
+  };
+  for (int round = 0; round < counts.repeats; ++round) {
+    one_round(full, full_rounds, full_all);
+    one_round(part, part_rounds, part_all);
+  }
+  full_rounds.pooled = summarize(full_all);
+  part_rounds.pooled = summarize(part_all);
+  return {full_rounds, part_rounds};
 }
 
 void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, WorkModel& model, CallCounts& counts) {
@@ -113,12 +136,12 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
   r.warmup = counts.warmup;
   r.iterations = counts.iterations;
   r.repeats = counts.repeats;
-  const Rounds full = time_rounds(platform, timed_run, r.sets, counts);
   if (!subtracted) {
+    const Rounds full = time_rounds(platform, timed_run, r.sets, counts);
     r.time = full.pooled;
     r.spread_pct = spread_percent(full.medians);
   } else {
-    const Rounds part = time_rounds(platform, subtracted_run, r.sets, counts);
+    const auto [full, part] = time_alternating_rounds(platform, timed_run, subtracted_run, r.sets, counts);
     std::vector<double> differences;
     for (size_t i = 0; i < full.medians.size(); ++i) differences.push_back(full.medians[i] - part.medians[i]);
     r.time.median_us = full.pooled.median_us - part.pooled.median_us;
