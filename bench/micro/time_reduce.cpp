@@ -48,6 +48,19 @@ moekit_tensor_t view(void* data, moekit_dtype_t dtype, std::vector<int64_t> shap
   return moekit_tensor_make(data, dtype, static_cast<int32_t>(shape.size()), shape.data(), device);
 }
 
+using DeviceSets = std::vector<std::unique_ptr<DeviceMemory>>;
+
+// `sets` buffers of `bytes` each, one per rotation set; with a seed, filled with random bf16 values (set s drawn
+// from seed + s).
+DeviceSets device_sets(size_t bytes, int sets, unsigned long long seed = 0) {
+  DeviceSets buffers;
+  for (int s = 0; s < sets; ++s) {
+    buffers.push_back(std::make_unique<DeviceMemory>(bytes));
+    if (seed != 0) fill_random_bf16_repeated(buffers.back()->data, bytes / 2, 1.0f, seed + s);
+  }
+  return buffers;
+}
+
 struct Row {
   std::string name;
   Timing timing;
@@ -65,12 +78,7 @@ void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& ro
   upload(weights, scores);
   const size_t y_bytes = size_t(pairs * hidden * 2), out_bytes = size_t(tokens * hidden * 2);
   const int sets = rotation_sets(y_bytes + out_bytes);
-  std::vector<std::unique_ptr<DeviceMemory>> ys, outs;
-  for (int s = 0; s < sets; ++s) {
-    ys.push_back(std::make_unique<DeviceMemory>(y_bytes));
-    outs.push_back(std::make_unique<DeviceMemory>(out_bytes));
-    fill_random_bf16_repeated(ys.back()->data, y_bytes / 2, 1.0f, 100 + s);
-  }
+  const DeviceSets ys = device_sets(y_bytes, sets, 100), outs = device_sets(out_bytes, sets);
   moekit_combine_desc_t desc;
   moekit_combine_desc_init(&desc);
   desc.max_tokens = tokens;
@@ -146,11 +154,7 @@ int main() {
     {  // db1
       const size_t dh_bytes = size_t{kPairs} * kGatedWidth * 2;
       const int sets = rotation_sets(dh_bytes);
-      std::vector<std::unique_ptr<DeviceMemory>> dhs;
-      for (int s = 0; s < sets; ++s) {
-        dhs.push_back(std::make_unique<DeviceMemory>(dh_bytes));
-        fill_random_bf16_repeated(dhs.back()->data, dh_bytes / 2, 1.0f, 200 + s);
-      }
+      const DeviceSets dhs = device_sets(dh_bytes, sets, 200);
       DeviceMemory db1(kExperts * kGatedWidth * 2);
       moekit_bias_grad_desc_t desc;
       moekit_bias_grad_desc_init(&desc);
@@ -180,11 +184,7 @@ int main() {
     {  // db2 + ds
       const size_t dout_bytes = size_t{kTokens} * kHidden * 2;
       const int sets = rotation_sets(dout_bytes);
-      std::vector<std::unique_ptr<DeviceMemory>> douts;
-      for (int s = 0; s < sets; ++s) {
-        douts.push_back(std::make_unique<DeviceMemory>(dout_bytes));
-        fill_random_bf16_repeated(douts.back()->data, dout_bytes / 2, 1.0f, 300 + s);
-      }
+      const DeviceSets douts = device_sets(dout_bytes, sets, 300);
       DeviceMemory b2(kExperts * kHidden * 2), db2(kExperts * kHidden * 2);
       fill_random_bf16_repeated(b2.data, kExperts * kHidden, 1.0f, 400);
       moekit_bias_grad_desc_t desc;
