@@ -250,9 +250,30 @@ __device__ __forceinline__ void epilogue_gated_glu(const GroupedGemmProblem& p, 
   store8(static_cast<T*>(p.act) + row * p.ld_act + j, a);
 }
 
+// DGATED's gated part for kind K over 8 activation columns j..j+7 of one row: dgate and dup stored at their layout's
+// columns of dh_row, a = act(g, u) left in `a` (unscaled); returns this part of dA . a (fp32, in column order).
+// Scaled: dA = alpha * the product (false: alpha == 1, which is the same value).
+template <class T, int32_t K, bool Scaled>
+__device__ __forceinline__ float dgated_glu8(const GroupedGemmProblem& p, float limit, const float (&da_raw)[8],
+                                             const float (&g)[8], const float (&u)[8], T* dh_row, int64_t j,
+                                             bool interleaved, float scale, float (&a)[8]) {
+  float dg[8], du[8], dot = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float da = Scaled ? p.alpha * da_raw[i] : da_raw[i];
+    a[i] = gated_forward<K>(limit, g[i], u[i]);
+    dot += da * a[i];
+    gated_backward<K>(limit, g[i], u[i], scale * da, dg[i], du[i]);
+  }
+  float unused_g[8], unused_u[8];
+  store_glu8(dh_row, j, p.act_width, interleaved, dg, du, unused_g, unused_u);
+  return dot;
+}
+
 // DGATED for activation columns j..j+7 of one row, given h's values there (a gated activation: gate g and up u; else
-// z in g, u unused): returns this part of dA . a (fp32, in column order).
-template <class T>
+// z in g, u unused): returns this part of dA . a (fp32, in column order). SwigluConcat: the caller knows the
+// activation is SwiGLU, the layout CONCAT and alpha 1 (the MoE layer's backward), and this copy branches on none.
+template <class T, bool SwigluConcat = false>
 __device__ __forceinline__ float epilogue_dgated_from_h(const GroupedGemmProblem& p, const DeviceActivation& act,
                                                         const float* staged, const float (&g)[8], const float (&u)[8],
                                                         int64_t row, int64_t j, float scale) {
@@ -260,21 +281,13 @@ __device__ __forceinline__ float epilogue_dgated_from_h(const GroupedGemmProblem
   load8_fp32(staged, da_raw);
   T* dh_row = static_cast<T*>(p.c) + row * p.ldc;
   float a[8], dot = 0.0f;
-  if (is_gated_activation(act.kind)) {
+  if constexpr (SwigluConcat) {
+    dot = dgated_glu8<T, MOEKIT_ACT_SWIGLU, false>(p, act.limit, da_raw, g, u, dh_row, j, false, scale, a);
+  } else if (is_gated_activation(act.kind)) {
     const bool interleaved = p.glu_layout == MOEKIT_GLU_INTERLEAVED;
-    float dg[8], du[8];
     with_gated_kind(act.kind, [&](auto kind) {
-      constexpr int32_t K = decltype(kind)::value;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float da = p.alpha * da_raw[i];
-        a[i] = gated_forward<K>(act.limit, g[i], u[i]);
-        dot += da * a[i];
-        gated_backward<K>(act.limit, g[i], u[i], scale * da, dg[i], du[i]);
-      }
+      dot = dgated_glu8<T, decltype(kind)::value, true>(p, act.limit, da_raw, g, u, dh_row, j, interleaved, scale, a);
     });
-    float unused_g[8], unused_u[8];
-    store_glu8(dh_row, j, p.act_width, interleaved, dg, du, unused_g, unused_u);
   } else {
     float dz[8];
     with_plain_kind(act.kind, [&](auto kind) {

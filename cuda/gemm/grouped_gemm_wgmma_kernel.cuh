@@ -913,36 +913,46 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         }
         // NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation
         // code overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled).
+        // The MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1) has its own copy of the loop that branches on none of
+        // them: this epilogue is issue-bound (~10 us per tile, the SMs' warps idle under it but two per scheduler).
+        const auto chunks = [&](auto swiglu_concat) {
+          constexpr bool SwigluConcat = decltype(swiglu_concat)::value;
 #pragma unroll 1
-        for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
-          stage(chunk);
-          // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
-          const uint32_t slot = it % S;
-          mbarrier_wait(full_bars + 8 * slot, (it / S) & 1);
-          const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
-          const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
-          // Every lane takes part in the shuffles, rows past the group included.
+          for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+            stage(chunk);
+            // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
+            const uint32_t slot = it % S;
+            mbarrier_wait(full_bars + 8 * slot, (it / S) & 1);
+            const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
+            const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
+            // Every lane takes part in the shuffles, rows past the group included.
 #pragma unroll 1
-          for (int pass = 0; pass < 64 / 16; ++pass) {
-            const int row = wg_tid / 8 + 16 * pass;
-            const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
-            float dot = 0.0f;
-            if (r < t.m_end && j < p.n) {
-              float g[8], u[8];
-              load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item, is_gated_activation(act.kind),
-                                   interleaved, g, u);
-              dot = epilogue_dgated_from_h<T>(p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r, j,
-                                              pick(row_scales, pass));
+            for (int pass = 0; pass < 64 / 16; ++pass) {
+              const int row = wg_tid / 8 + 16 * pass;
+              const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
+              float dot = 0.0f;
+              if (r < t.m_end && j < p.n) {
+                float g[8], u[8];
+                load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item,
+                                     SwigluConcat || is_gated_activation(act.kind), !SwigluConcat && interleaved, g,
+                                     u);
+                dot = epilogue_dgated_from_h<T, SwigluConcat>(
+                    p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r, j, pick(row_scales, pass));
+              }
+#pragma unroll
+              for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+#pragma unroll
+              for (int q = 0; q < 64 / 16; ++q)
+                if (q == pass) row_dots[q] += dot;
             }
-#pragma unroll
-            for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-#pragma unroll
-            for (int q = 0; q < 64 / 16; ++q)
-              if (q == pass) row_dots[q] += dot;
+            release(slot);
+            ++it;
           }
-          release(slot);
-          ++it;
-        }
+        };
+        if (act.kind == MOEKIT_ACT_SWIGLU && !interleaved && p.alpha == 1.0f)
+          chunks(std::true_type{});
+        else
+          chunks(std::false_type{});
         if (item == 0) {
 #pragma unroll
           for (int pass = 0; pass < 64 / 16; ++pass) {
