@@ -406,6 +406,12 @@ std::vector<Case> varlen_m_cases(moekit_dtype_t dtype, int32_t b_layout, int32_t
         c.bias = epilogue == MOEKIT_EPILOGUE_GATED && (with_bias = !with_bias);
         cases.push_back(c);
       }
+  // The MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1), which the wgmma kernel runs through its own copy of the
+  // epilogue loop.
+  c = base;
+  c.epilogue = MOEKIT_EPILOGUE_DGATED;
+  c.n = 272;
+  cases.push_back(c);
   return cases;
 }
 
@@ -448,7 +454,7 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
             check_case(handles, make_inputs(rng, cs));
             ++checked;
           }
-  CHECK(checked == 16 * 28);
+  CHECK(checked == 16 * 29);
 }
 
 // The shapes the sm_90a wgmma kernel takes. varlen M (k and n multiples of 64; B [E, n, k] with STORE / BIAS /
@@ -493,7 +499,7 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
               check_on(path, cs);
               ++checked;
             }
-  CHECK(checked == 2 * 16 * 16);
+  CHECK(checked == 2 * 8 * (16 + 17));  // per path, dtype, gather and tile: 16 cases with B [E, n, k], 17 with [E, k, n]
   // varlen K: every gather, output dtype and beta, both dtypes and tiles; m and n multiples of 8 only (the copies
   // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups; alone and paired (wgmma_pair: m
   // tiles 2i and 2i + 1 sharing B by multicast where pairs_weight_gradient allows it: C's m = 192, or n = 200 for the
