@@ -197,14 +197,15 @@ def grouped_mm_takes_out_dtype(out_dtype, dtype, varlen_k):
         return False
 
 
-def layer_case(case, dtype, compile_mode):
-    """Returns (forward-only call, forward+backward call, bytes of one input set) builders for a layer case."""
+def layer_case(case, dtype, compile_mode, moe_fn=None):
+    """Returns (input set builder, forward call, bytes of one input set) for a layer case. moe_fn: another MoE layer
+    of moe_layer's signature to time instead of the PyTorch-native one (bench/compare/sonicmoe_bench.py)."""
     op = case["op"]
     if op.startswith("moe_"):
         T, H, I, E, K = (case[k] for k in ("tokens", "hidden", "intermediate", "experts", "top_k"))
         if case.get("activation", "swiglu") != "swiglu" or case.get("router", "softmax_topk") != "softmax_topk":
-            raise NotSupported("the PyTorch layer here is SwiGLU with softmax over the top-k only")
-        fn = compile_once(moe_layer) if compile_mode else moe_layer
+            raise NotSupported("the MoE layers timed here are SwiGLU with softmax over the top-k only")
+        fn = moe_fn or (compile_once(moe_layer) if compile_mode else moe_layer)
 
         def make_set():
             return dict(x=uniform((T, H), 1.0, dtype, True), w_router=uniform((E, H), H ** -0.5, dtype, True),
@@ -215,6 +216,8 @@ def layer_case(case, dtype, compile_mode):
             return fn(s["x"], s["w_router"], s["w1"], s["w2"], K)
         set_bytes = 2 * (2 * T * H + E * H + 3 * E * I * H)
     else:
+        if moe_fn is not None:
+            raise NotSupported(f"{op}: only MoE layer cases are timed with another layer")
         T, D, Fw = case["tokens"], case["d_model"], case["d_ff"]
         fn = compile_once(dense_swiglu_ffn) if compile_mode else dense_swiglu_ffn
 
@@ -378,9 +381,10 @@ def summary(medians, pooled):
     return (statistics.median(pooled), min(pooled), max(pooled)), spread(medians)
 
 
-def measure(case, compiled, grouped_mm_alone):
+def measure(case, compiled, grouped_mm_alone, moe_fn=None):
     """Times a case. Returns (median, min, max), spread %, counts, input sets, derivation, and a dict of the
-    record's extra fields (gemm: its note, and with grouped_mm_alone the timing of torch._grouped_mm alone)."""
+    record's extra fields (gemm: its note, and with grouped_mm_alone the timing of torch._grouped_mm alone).
+    moe_fn: as layer_case's."""
     dtype = DTYPES[case.get("dtype", "bf16")]
     op = case["op"]
     counts = counts_of(case)
@@ -388,7 +392,7 @@ def measure(case, compiled, grouped_mm_alone):
     derived = ""
     extra = {}
     if op.startswith("moe_") or op.startswith("sparse_ffn_"):
-        make_set, forward, set_bytes = layer_case(case, dtype, compiled)
+        make_set, forward, set_bytes = layer_case(case, dtype, compiled, moe_fn)
         sets = [make_set() for _ in range(rotation_sets(set_bytes))]
 
         def fwd(i):  # a training forward: the autograd graph is recorded, then dropped
@@ -409,7 +413,7 @@ def measure(case, compiled, grouped_mm_alone):
             (medians, pooled), subtract = time_alternating_rounds(fwd_bwd, fwd, len(sets), counts)
             derived = "t(forward + backward) - t(forward), medians of each round"
         n_sets = len(sets)
-    elif op == "gemm":
+    elif op == "gemm" and moe_fn is None:
         if compiled:
             raise NotSupported("grouped GEMM cases run eager only")
         gemm = gemm_case(case, dtype)
@@ -430,7 +434,7 @@ def measure(case, compiled, grouped_mm_alone):
                 "time_us": {"median": median, "min": lo, "max": hi}, "spread_pct": alone_spread,
                 "tflops": flops / (median * 1e-6) / 1e12 if flops and median > 0 else None}
     else:
-        raise NotSupported(f"no PyTorch-native counterpart of {op} here")
+        raise NotSupported(f"no counterpart of {op} here")
 
     if subtract is None:
         time, spread_pct = summary(medians, pooled)
@@ -441,8 +445,10 @@ def measure(case, compiled, grouped_mm_alone):
     return time, spread_pct, counts, n_sets, derived, extra
 
 
-def run_case(case, compiled, config_path, grouped_mm_alone):
-    backend = "pytorch-compile" if compiled else "pytorch-eager"
+def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend=None, command=None):
+    """One case's record. moe_fn, backend, command: another MoE layer timed in place of the PyTorch-native one, its
+    backend name and the command line that re-runs the case (bench/compare/sonicmoe_bench.py)."""
+    backend = backend or ("pytorch-compile" if compiled else "pytorch-eager")
     record = {"name": case["name"], "op": case["op"], "backend": backend, "status": "ok", "message": "",
               "shape": " ".join(f"{k}={case[k]}" for k in ("tokens", "hidden", "intermediate", "experts", "top_k", "n",
                                                            "k", "width", "d_model", "d_ff", "group_size", "top_groups",
@@ -451,7 +457,7 @@ def run_case(case, compiled, config_path, grouped_mm_alone):
     flops = model_flops(case)
     extra = {}
     try:
-        (median, lo, hi), spread_pct, counts, sets, derived, extra = measure(case, compiled, grouped_mm_alone)
+        (median, lo, hi), spread_pct, counts, sets, derived, extra = measure(case, compiled, grouped_mm_alone, moe_fn)
         tflops = flops / (median * 1e-6) / 1e12 if flops and median > 0 else None
         record.update(time_us={"median": median, "min": lo, "max": hi}, spread_pct=spread_pct,
                       timing={"method": "CUDA events around each call (torch.cuda.Event)", **counts,
@@ -464,15 +470,71 @@ def run_case(case, compiled, config_path, grouped_mm_alone):
     record.setdefault("time_us", {"median": None, "min": None, "max": None})
     record.setdefault("flops", flops)
     record.setdefault("tflops", None)
-    record.update(bytes=None, gbps=None, baseline=None, ratio=None, check=None,
-                  note="sparse_ffn_* cases time the dense SwiGLU FFN of width d_ff; flops are the sparse case's "
-                       "model FLOPs" if case["op"].startswith("sparse_ffn_") else extra.get("note", ""),
-                  command=f"python3 bench/compare/torch_bench.py {config_path} --mode "
-                          f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'"
-                          + (" --grouped-mm-alone" if grouped_mm_alone else ""))
+    note = extra.get("note", "")
+    if case["op"].startswith("sparse_ffn_") and moe_fn is None:
+        note = "sparse_ffn_* cases time the dense SwiGLU FFN of width d_ff; flops are the sparse case's model FLOPs"
+    record.update(bytes=None, gbps=None, baseline=None, ratio=None, check=None, note=note,
+                  command=command or (f"python3 bench/compare/torch_bench.py {config_path} --mode "
+                                      f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'"
+                                      + (" --grouped-mm-alone" if grouped_mm_alone else "")))
     if "grouped_mm_alone" in extra:
         record["grouped_mm_alone"] = extra["grouped_mm_alone"]
     return record
+
+
+def load_cases(config_path, name_filter, tool):
+    """(config, the cases of config_path whose names match name_filter, each with the config's defaults)."""
+    with open(config_path) as f:
+        config = json.load(f)
+    defaults = config.get("defaults", {})
+    cases = [{**defaults, **c} for c in config["cases"] if re.search(name_filter, c["name"])]
+    if not cases:
+        sys.exit(f"{tool}: no case of {config_path} matches --filter {name_filter}")
+    return config, cases
+
+
+def run_meta(config_path, config, backend, versions):
+    """The result file's meta: versions (a dict of library versions), device, date, the commit of these sources."""
+    # MOEKIT_GIT_SHA: where the sources are a copy without .git (bench/device/run_all.sh passes the staged commit).
+    sha = os.environ.get("MOEKIT_GIT_SHA", "")
+    try:
+        sha = sha or subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                                    text=True).stdout.strip()
+    except OSError:
+        pass
+    prop = torch.cuda.get_device_properties(0)
+    return {"torch_version": torch.__version__, **versions, "cuda_runtime": torch.version.cuda,
+            "git_sha": sha or "unknown", "backend": backend,
+            "device": {"name": prop.name, "sm_count": prop.multi_processor_count, "l2_bytes": prop.L2_cache_size},
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "config": config_path, "config_description": config.get("description", ""),
+            "command_line": " ".join(sys.argv)}
+
+
+def run_all(cases, meta, out, run_one):
+    """Runs run_one(case) -> record over the cases, rewriting out after each, prints a summary table and exits 1
+    if a case failed."""
+    results = []
+    for i, case in enumerate(cases):
+        record = run_one(case)
+        median = record["time_us"]["median"]
+        print(f"[{i + 1}/{len(cases)}] {case['name']}: "
+              f"{f'{median:.2f} us' if median is not None else record['status'] + ' ' + record['message']}",
+              file=sys.stderr)
+        results.append(record)
+        if out:  # rewritten after every case (then renamed): a run stopped by a time limit keeps what it finished
+            with open(out + ".partial", "w") as f:
+                json.dump({"meta": meta, "cases": results}, f, indent=2)
+            os.replace(out + ".partial", out)
+
+    def cell(value, digits):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    print(f"{'case':<48} {'status':<14} {'median us':>11} {'spread%':>8} {'TFLOP/s':>8}")
+    for r in results:
+        print(f"{r['name']:<48} {r['status']:<14} {cell(r['time_us']['median'], 1):>11} "
+              f"{cell(r.get('spread_pct'), 2):>8} {cell(r['tflops'], 1):>8}")
+    sys.exit(1 if any(r["status"] == "failed" for r in results) else 0)
 
 
 def main():
@@ -487,47 +549,10 @@ def main():
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_bench.py: needs a CUDA device")
-    with open(args.config) as f:
-        config = json.load(f)
-    defaults = config.get("defaults", {})
-    cases = [{**defaults, **c} for c in config["cases"] if re.search(args.filter, c["name"])]
-    if not cases:
-        sys.exit(f"torch_bench.py: no case of {args.config} matches --filter {args.filter}")
-
-    # MOEKIT_GIT_SHA: where the sources are a copy without .git (bench/device/run_all.sh passes the staged commit).
-    sha = os.environ.get("MOEKIT_GIT_SHA", "")
-    try:
-        sha = sha or subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
-                                    text=True).stdout.strip()
-    except OSError:
-        pass
-    prop = torch.cuda.get_device_properties(0)
-    meta = {"torch_version": torch.__version__, "cuda_runtime": torch.version.cuda, "git_sha": sha or "unknown",
-            "backend": "pytorch-compile" if args.mode == "compile" else "pytorch-eager",
-            "device": {"name": prop.name, "sm_count": prop.multi_processor_count, "l2_bytes": prop.L2_cache_size},
-            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "config": args.config, "config_description": config.get("description", ""),
-            "command_line": " ".join(sys.argv)}
-    results = []
-    for i, case in enumerate(cases):
-        record = run_case(case, args.mode == "compile", args.config, args.grouped_mm_alone)
-        median = record["time_us"]["median"]
-        print(f"[{i + 1}/{len(cases)}] {case['name']}: "
-              f"{f'{median:.2f} us' if median is not None else record['status']}", file=sys.stderr)
-        results.append(record)
-        if args.out:  # rewritten after every case (then renamed): a run stopped by a time limit keeps what it finished
-            with open(args.out + ".partial", "w") as f:
-                json.dump({"meta": meta, "cases": results}, f, indent=2)
-            os.replace(args.out + ".partial", args.out)
-    def cell(value, digits):
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    print(f"{'case':<48} {'status':<14} {'median us':>11} {'spread%':>8} {'TFLOP/s':>8}")
-    for r in results:
-        print(f"{r['name']:<48} {r['status']:<14} {cell(r['time_us']['median'], 1):>11} "
-              f"{cell(r.get('spread_pct'), 2):>8} {cell(r['tflops'], 1):>8}")
-    failed = any(r["status"] == "failed" for r in results)
-    sys.exit(1 if failed else 0)
+    config, cases = load_cases(args.config, args.filter, "torch_bench.py")
+    compiled = args.mode == "compile"
+    meta = run_meta(args.config, config, "pytorch-compile" if compiled else "pytorch-eager", {})
+    run_all(cases, meta, args.out, lambda case: run_case(case, compiled, args.config, args.grouped_mm_alone))
 
 
 if __name__ == "__main__":

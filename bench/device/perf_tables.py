@@ -6,7 +6,8 @@ One section per config file (matched by the basename of meta.config): where and 
 rate, its cuBLAS baseline (measured in the same run) and the ratio, the PyTorch eager and torch.compile times
 and moekit's speed-up over each, the routing's rows per expert where a case of the config has skewed (lognormal)
 routing, torch._grouped_mm alone where the eager run timed it (torch_bench.py
---grouped-mm-alone), and for sonicmoe_fig14.json the SonicMoE paper's H100 TFLOP/s where quoted.
+--grouped-mm-alone), SonicMoE's layer where bench/compare/sonicmoe_bench.py timed it, and for sonicmoe_fig14.json
+the SonicMoE paper's H100 TFLOP/s where quoted.
 Every ratio is other time / moekit time: > 1 means moekit is faster.
 
 Several files of the same config and tool are merged by case name (the first file that has a case wins), so a
@@ -22,7 +23,9 @@ import sys
 # Config files in the order of issue 6 (issue 7's GEMM rows after gemm.json); others follow in name order.
 CONFIG_ORDER = ("sonicmoe_fig14", "gemm", "gemm_issue7", "sparse_ffn", "smoke")
 MOEKIT = "moekit"
-TOOLS = {"cuda": MOEKIT, "reference": MOEKIT, "pytorch-eager": "eager", "pytorch-compile": "compile"}
+TOOLS = {"cuda": MOEKIT, "reference": MOEKIT, "pytorch-eager": "eager", "pytorch-compile": "compile",
+         "sonicmoe": "SonicMoE"}
+OTHERS = ("eager", "compile", "SonicMoE")  # the tools timed against moekit, in column order
 
 # The SonicMoE paper's H100 throughput figure (model TFLOP/s, same FLOP convention as moekit-bench), as quoted in
 # the project's notes (/work/shared/PERF-NOTES.md, the paragraph "The SonicMoE paper (H100, ...)"): only these two
@@ -41,6 +44,10 @@ SPARSE_FFN_NOTE = (
     "ratio is moekit's speed-up over dense PyTorch. For reference, the project's notes (PERF-NOTES.md) quote the "
     "EUGEN Triton sparse SwiGLU FFN at these shapes as 1.73-1.89x faster than the dense FFN forward and "
     "1.06-1.59x forward+backward (a range over the four shapes, not per shape).")
+SONICMOE_MEASURED_NOTE = (
+    "SonicMoE: its layer (sonicmoe.functional.moe_TC_softmax_topk_layer, the one its own benchmark times) run by "
+    "bench/compare/sonicmoe_bench.py on this device, timed by the same method as the PyTorch columns; the run's "
+    "first forward case checked against the PyTorch layer on the same inputs: {check}.")
 GROUPED_MM_ALONE_NOTE = (
     "grouped_mm: the torch._grouped_mm call of the case alone, from the PyTorch eager run with --grouped-mm-alone: "
     "its rows gathered beforehand (untimed), no epilogue, no accumulation into C. The eager columns time the code a "
@@ -101,8 +108,10 @@ def describe_meta(tool, meta):
         versions.append(f"CUDA runtime {device.get('cuda_runtime') or meta.get('cuda_runtime')}")
     if meta.get("torch_version"):
         versions.append(f"torch {meta['torch_version']}")
+    for package, version in meta.get("sonicmoe_versions", {}).items():
+        versions.append(f"{package} {version}")
     label = {MOEKIT: f"moekit-bench ({meta['backend']} backend)", "eager": "PyTorch eager",
-             "compile": "PyTorch torch.compile"}[tool]
+             "compile": "PyTorch torch.compile", "SonicMoE": "SonicMoE"}[tool]
     line = (f"- {label}: {meta.get('date', '?')}, commit `{meta.get('git_sha', '?')}`, {where}"
             + (f", {', '.join(versions)}" if versions else ""))
     ceilings = meta.get("ceilings")
@@ -133,7 +142,7 @@ def sonicmoe_h100(record):
 
 def section(config, runs, steps):
     lines = [f"### `bench/configs/{config}.json`", ""]
-    for tool in (MOEKIT, "eager", "compile"):
+    for tool in (MOEKIT,) + OTHERS:
         for meta in runs.get(tool, {}).get("metas", []):
             lines.append(describe_meta(tool, meta))
     for name, row in steps.items():
@@ -142,7 +151,7 @@ def section(config, runs, steps):
     lines.append("")
 
     names = []
-    for tool in (MOEKIT, "eager", "compile"):
+    for tool in (MOEKIT,) + OTHERS:
         names += [n for n in runs.get(tool, {}).get("order", []) if n not in names]
     record = {tool: runs[tool]["cases"] for tool in runs}
     all_times = [median_us(record[t].get(n)) for t in record for n in names]
@@ -172,7 +181,7 @@ def section(config, runs, steps):
         if skewed:
             header.append("rows/expert min / max")
     alone = "eager" in record and any(grouped_mm_alone(r) for r in record["eager"].values())
-    for tool in ("eager", "compile"):
+    for tool in OTHERS:
         if tool in record:
             header += [f"{tool} {unit}", f"{tool} {rate_header}"] + (["moekit vs " + tool] if MOEKIT in record else [])
         if tool == "eager" and alone:
@@ -194,7 +203,7 @@ def section(config, runs, steps):
                     "-" if mine is None or mine.get("ratio") is None else f"{mine['ratio']:.2f}"]
             if skewed:
                 row.append(counts_text(mine))
-        for tool in ("eager", "compile"):
+        for tool in OTHERS:
             if tool not in record:
                 continue
             other = record[tool].get(name)
@@ -223,6 +232,11 @@ def section(config, runs, steps):
                  "(docs/benchmark.md).")
     if h100:
         lines += ["", SONICMOE_NOTE]
+    if "SonicMoE" in record:
+        checks = [r["check"] for r in record["SonicMoE"].values() if r.get("check")]
+        check = "; ".join(f"{c['rows_over_2pct']} of {c['rows']} rows off by more than 2% "
+                          f"({'passed' if c['passed'] else 'FAILED'})" for c in checks) or "not run"
+        lines += ["", SONICMOE_MEASURED_NOTE.format(check=check)]
     if config == "sparse_ffn" and ("eager" in record or "compile" in record):
         lines += ["", SPARSE_FFN_NOTE]
     if alone:

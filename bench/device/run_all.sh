@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # There (the GPU machine, from the repository root): every config through moekit-bench, then through
-# bench/compare/torch_bench.py (eager, then torch.compile), then bench/device/perf_tables.py over all the results.
+# bench/compare/torch_bench.py (eager, then torch.compile), the MoE layer shapes through SonicMoE
+# (bench/compare/sonicmoe_bench.py, when bench/device/stage_sonicmoe.sh put it into DEST), then
+# bench/device/perf_tables.py over all the results.
 #   bench/device/run_all.sh DEST [STEP ...]
 # DEST: the folder bench/device/stage.sh filled (carried by the device tool). STEP: only these steps (names as in
 # the list below, e.g. "torch-compile:sonicmoe_fig14"); all by default.
@@ -30,6 +32,13 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 "$python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' >>"$results/device.txt" 2>&1
 cat "$results/device.txt"
 
+# SonicMoE (bench/device/stage_sonicmoe.sh packed it into DEST), unpacked where its step will run.
+sonicmoe_site=$(mktemp -d)
+if [[ -f $dest/sonicmoe-site.tar.xz ]] && { (($# == 0)) || [[ " $* " == *" sonicmoe:"* ]]; }; then
+  tar -xJf "$dest/sonicmoe-site.tar.xz" -C "$sonicmoe_site"
+fi
+sonicmoe_path=$sonicmoe_site:$sonicmoe_site/nvidia_cutlass_dsl/python_packages
+
 # step name | time limit (s) | command. Order = priority: moekit first, then PyTorch eager, then torch.compile
 # (its compile time, ~10-30 s per shape, comes on top of the timed calls). The limits are about twice the costs
 # estimated from the shapes and the configs' iteration counts (docs/benchmark.md, "Reproducing the H200 tables").
@@ -40,6 +49,7 @@ steps=(
   "moekit:gemm|150|$bench bench/configs/gemm.json --backend cuda --out $results/moekit_gemm.json"
   "moekit:gemm_issue7|60|$bench bench/configs/gemm_issue7.json --backend cuda --out $results/moekit_gemm_issue7.json"
   "torch-eager:sonicmoe_fig14|120|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode eager --out $results/torch-eager_sonicmoe_fig14.json"
+  "sonicmoe:sonicmoe_fig14|300|env PYTHONPATH=$sonicmoe_path $python bench/compare/sonicmoe_bench.py bench/configs/sonicmoe_fig14.json --out $results/sonicmoe_sonicmoe_fig14.json"
   "torch-eager:sparse_ffn|60|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode eager --out $results/torch-eager_sparse_ffn.json"
   "torch-eager:gemm|150|$python bench/compare/torch_bench.py bench/configs/gemm.json --mode eager --out $results/torch-eager_gemm.json"
   "torch-eager:gemm_issue7|60|$python bench/compare/torch_bench.py bench/configs/gemm_issue7.json --mode eager --grouped-mm-alone --out $results/torch-eager_gemm_issue7.json"

@@ -95,6 +95,24 @@ class PerfTables(unittest.TestCase):
         self.assertNotIn("SonicMoE H100", smoke)
 
 
+class SonicMoEColumns(unittest.TestCase):
+    """sonicmoe_bench.py's records: their own columns after PyTorch's, its versions, and its check in a note."""
+
+    def test_columns_and_cells(self):
+        text = run(fixture("moekit_fig14.json"), fixture("sonicmoe_fig14.json"))
+        lines = text.splitlines()
+        columns = [c.strip() for c in next(l for l in lines if l.startswith("| case")).strip("| ").split(" | ")]
+        self.assertEqual(columns[6:], ["SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
+                                       "SonicMoE H100 TFLOP/s"])
+        row = next(l for l in lines if l.startswith("| moe_fwd_T32768_H4096_I1024_E128_K8"))
+        cells = [c.strip() for c in row.strip("| ").split(" | ")]
+        self.assertEqual(cells[6:], ["11.98", "551", "0.60", "557"])  # 11.976 / 19.96 ms
+        self.assertIn("- SonicMoE: 2026-11-30T02:18:00Z, commit `0123456789ab`, NVIDIA H200 (132 SMs), CUDA runtime "
+                      "13.0, torch 2.11.0+cu130, sonic-moe 0.1.2.post1, quack-kernels 0.3.11", text)
+        self.assertIn("checked against the PyTorch layer on the same inputs: 3 of 32768 rows off by more than 2% "
+                      "(passed).", text)
+
+
 class GemmIssue7Table(unittest.TestCase):
     """gemm_issue7.json: after gemm.json's place, the routing counts of skewed configs, torch._grouped_mm alone."""
 
