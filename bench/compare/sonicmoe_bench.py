@@ -15,7 +15,7 @@ SonicMoE is not a dependency of moekit: bench/device/stage_sonicmoe.sh packs the
 (sonic-moe 0.1.2.post1, quack-kernels 0.3.11, nvidia-cutlass-dsl 4.4.2, apache-tvm-ffi, torch-c-dlpack-ext; Python
 3.12) for the GPU machine, and bench/device/run_all.sh's step sonicmoe:sonicmoe_fig14 runs this with them.
 
-usage: python3 bench/compare/sonicmoe_bench.py CONFIG.json [--out results.json] [--filter REGEX]
+usage: python3 bench/compare/sonicmoe_bench.py CONFIG.json [--out results.json] [--filter REGEX] [--kernel-time]
 """
 import argparse
 import importlib.metadata
@@ -64,6 +64,34 @@ def check(case, layer):
             "passed": bad <= max(1, ref.shape[0] // 200)}
 
 
+def kernel_time(case, layer, calls=10):
+    """GPU time per call of the case's work (forward, or forward + backward for moe_backward), summed over every
+    kernel, memcpy and memset that the profiler's CUPTI records show: what the GPU spends, without the host's gaps
+    between launches that the event timing includes (moekit-bench --breakdown reports the same for moekit)."""
+    from torch._C._autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+    dtype = torch_bench.DTYPES[case.get("dtype", "bf16")]
+    make_set, forward, _ = torch_bench.layer_case(case, dtype, False, layer)
+    s = make_set()
+    backward = case["op"] == "moe_backward"
+
+    def call():
+        for t in s.values():
+            t.grad = None
+        out = forward(s)
+        if backward:
+            out.backward(s["dout"])
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    total_ns = sum(e.duration_ns() for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA)
+    return {"per_call_us": total_ns / 1000.0 / calls, "calls": calls,
+            "what": "forward + backward" if backward else "forward"}
+
+
 def versions():
     found = {}
     for name in PACKAGES:
@@ -79,6 +107,9 @@ def main():
     parser.add_argument("config")
     parser.add_argument("--out")
     parser.add_argument("--filter", default="")
+    parser.add_argument("--kernel-time", action="store_true",
+                        help="also record the GPU time per call summed over the profiler's kernel records "
+                             "(field kernel_time_us; moe_backward: per forward + backward call)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sonicmoe_bench.py: needs a CUDA device")
@@ -96,6 +127,11 @@ def main():
         record = torch_bench.run_case(case, False, args.config, False, moe_fn=layer, backend=BACKEND,
                                       command=command)
         record["note"] = "sonicmoe.functional.moe_TC_softmax_topk_layer (W1 gate/up interleaved, no biases)"
+        if record["status"] == "ok" and args.kernel_time:
+            try:
+                record["kernel_time_us"] = kernel_time(case, layer)
+            except Exception as e:  # the timing above stands without it
+                record["kernel_time_us"] = {"error": f"{type(e).__name__}: {e}"}
         if record["status"] == "ok" and case["op"] == "moe_forward" and not checked:
             record["check"] = check(case, layer)
             checked.append(case["name"])
