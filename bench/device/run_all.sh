@@ -38,9 +38,9 @@ if [[ -f $dest/sonicmoe-site.tar.xz ]] && { (($# == 0)) || [[ " $* " == *" sonic
   tar -xJf "$dest/sonicmoe-site.tar.xz" -C "$sonicmoe_site"
 fi
 sonicmoe_path=$sonicmoe_site:$sonicmoe_site/nvidia_cutlass_dsl/python_packages
-# SonicMoE autotunes each GEMM per shape on its first call (~30-60 s each, 6 per layer shape); its results are kept
-# on disk (QUACK_CACHE_AUTOTUNING) and brought back as $OUT/sonicmoe-autotune.tgz, which a later run takes from
-# DEST, so the tuning of a shape is paid once.
+# SonicMoE autotunes each GEMM per shape on its first call (~2 min each on the H200, 6 per layer shape); its results
+# are kept on disk (QUACK_CACHE_AUTOTUNING) and brought back as $OUT/sonicmoe-autotune.tgz, which a later run takes
+# from DEST, so the tuning of a shape is paid once. (QuACK's compiled kernels, in the same folder, stay behind.)
 sonicmoe_cache=$(mktemp -d)
 [[ -f $dest/sonicmoe-autotune.tgz ]] && tar -xzf "$dest/sonicmoe-autotune.tgz" -C "$sonicmoe_cache"
 sonicmoe_env="PYTHONPATH=$sonicmoe_path QUACK_CACHE_AUTOTUNING=1 QUACK_CACHE_DIR=$sonicmoe_cache QUACK_COMPILE_WORKERS=16"
@@ -90,6 +90,8 @@ shopt -s nullglob
 tuned=("$sonicmoe_cache"/*/*.autotune.json)
 if ((${#tuned[@]} > 0)); then
   (cd "$sonicmoe_cache" && find . -name '*.autotune.json' | tar -czf "$out/sonicmoe-autotune.tgz" -T -)
+  echo "SonicMoE: ${#tuned[@]} GEMM tunings in $out/sonicmoe-autotune.tgz; QuACK's cache, compiled kernels included:" \
+    "$(du -sh "$sonicmoe_cache" | cut -f1)"
 fi
 jsons=("$results"/*.json)
 if ((${#jsons[@]} > 0)); then
