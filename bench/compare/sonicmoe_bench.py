@@ -17,7 +17,6 @@ SonicMoE is not a dependency of moekit: bench/device/stage_sonicmoe.sh packs the
 
 usage: python3 bench/compare/sonicmoe_bench.py CONFIG.json [--out results.json] [--filter REGEX] [--kernel-time]
 """
-import argparse
 import importlib.metadata
 import os
 import re
@@ -103,10 +102,7 @@ def versions():
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("config")
-    parser.add_argument("--out")
-    parser.add_argument("--filter", default="")
+    parser = torch_bench.tool_arguments(__doc__.split("\n")[0])
     parser.add_argument("--kernel-time", action="store_true",
                         help="also record the GPU time per call summed over the profiler's kernel records "
                              "(field kernel_time_us; moe_backward: per forward + backward call)")

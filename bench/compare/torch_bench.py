@@ -482,6 +482,15 @@ def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend
     return record
 
 
+def tool_arguments(description):
+    """The arguments every bench/compare tool takes: the config, --out and --filter."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("config")
+    parser.add_argument("--out")
+    parser.add_argument("--filter", default="")
+    return parser
+
+
 def load_cases(config_path, name_filter, tool):
     """(config, the cases of config_path whose names match name_filter, each with the config's defaults)."""
     with open(config_path) as f:
@@ -538,11 +547,8 @@ def run_all(cases, meta, out, run_one):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("config")
-    parser.add_argument("--out")
+    parser = tool_arguments(__doc__.split("\n")[0])
     parser.add_argument("--mode", choices=("eager", "compile"), default="eager")
-    parser.add_argument("--filter", default="")
     parser.add_argument("--grouped-mm-alone", action="store_true",
                         help="gemm cases: also time the torch._grouped_mm call alone (rows gathered beforehand, no "
                              "epilogue, no accumulation), recorded as grouped_mm_alone")
