@@ -1,6 +1,6 @@
 // Timing of the CUDA token reductions through the C ABI (moekit_time_reduce): combine and the broadcast backward at
 // T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), the combine also at (T, H) =
-// (24576, 1536) and (40960, 768), db1 at E = 128, 2I = 2048 over the same P = 262144 grouped rows, db2 + ds at
+// (24576, 1536) and (40960, 768) with K = 8, 4 and 2, db1 at E = 128, 2I = 2048 over the same P = 262144 grouped rows, db2 + ds at
 // H = 4096. Prints the median/min/max time per call, the GB/s the minimum bytes give at the median, and the
 // percentage of the device-copy ceiling measured in the same run.
 // Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
@@ -67,12 +67,12 @@ struct Row {
   double bytes;
 };
 
-// Times the combine of `tokens` tokens, K = kTopK, H = `hidden` (bf16, beta = 0) over `routing` with weights
+// Times the combine of `tokens` tokens, K = `top_k`, H = `hidden` (bf16, beta = 0) over `routing` with weights
 // `scores` [tokens, K], and with `broadcast` the broadcast backward of the same shape; appends their rows.
 void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& routing,
-                  const std::vector<float>& scores, int64_t tokens, int64_t hidden, bool broadcast,
+                  const std::vector<float>& scores, int64_t tokens, int64_t top_k, int64_t hidden, bool broadcast,
                   std::vector<Row>& rows) {
-  const int64_t pairs = tokens * kTopK;
+  const int64_t pairs = tokens * top_k;
   DeviceMemory grouped_pos(pairs * 4), weights(pairs * 4);
   upload(grouped_pos, routing.grouped_pos);
   upload(weights, scores);
@@ -82,7 +82,7 @@ void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& ro
   moekit_combine_desc_t desc;
   moekit_combine_desc_init(&desc);
   desc.max_tokens = tokens;
-  desc.top_k = kTopK;
+  desc.top_k = top_k;
   desc.hidden = hidden;
   desc.dtype = MOEKIT_DTYPE_BF16;
   moekit_plan_t plan = nullptr;
@@ -92,7 +92,7 @@ void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& ro
       moekit_combine_args_t args;
       moekit_combine_args_init(&args);
       args.grouped = view(ys[s]->data, MOEKIT_DTYPE_BF16, {pairs, hidden});
-      if (weighted) args.scores = view(weights.data, MOEKIT_DTYPE_FP32, {tokens, kTopK});
+      if (weighted) args.scores = view(weights.data, MOEKIT_DTYPE_FP32, {tokens, top_k});
       args.grouped_pos = view(grouped_pos.data, MOEKIT_DTYPE_INT32, {pairs});
       args.out = view(outs[s]->data, MOEKIT_DTYPE_BF16, {tokens, hidden});
       check(weighted ? moekit_combine(plan, &args, nullptr, 0, stream)
@@ -100,7 +100,7 @@ void time_combine(moekit_handle_t handle, cudaStream_t stream, const Routing& ro
             "combine");
     };
     const double bytes = static_cast<double>(y_bytes + out_bytes + pairs * 4 + (weighted ? pairs * 4 : 0));
-    const std::string shape = "T=" + std::to_string(tokens) + " K=" + std::to_string(kTopK) +
+    const std::string shape = "T=" + std::to_string(tokens) + " K=" + std::to_string(top_k) +
                               " H=" + std::to_string(hidden);
     rows.push_back(Row{weighted ? "combine " + shape + " bf16 beta=0" : "broadcast backward " + shape,
                        time_calls(run, sets, stream), bytes});
@@ -142,14 +142,16 @@ int main() {
     std::vector<Row> rows;
 
     // The combine at the layer's largest shape, with the broadcast backward; then at the SonicMoE figure's smaller
-    // hidden sizes (their H / 8 vectors per row are not a power of two), each with its own random routing.
-    time_combine(handle, stream, routing, host_scores, kTokens, kHidden, true, rows);
-    for (const auto& [tokens, hidden] : {std::pair<int64_t, int64_t>{24576, 1536}, {40960, 768}}) {
-      const Routing shape_routing = random_routing(tokens, kExperts, kTopK, 8);
-      std::vector<float> shape_scores(static_cast<size_t>(tokens * kTopK));
-      for (float& s : shape_scores) s = unit(rng);
-      time_combine(handle, stream, shape_routing, shape_scores, tokens, hidden, false, rows);
-    }
+    // hidden sizes (their H / 8 vectors per row are not a power of two) and its top-k of 8, 4 and 2 (the few-pairs
+    // kernel from 4 down), each with its own random routing.
+    time_combine(handle, stream, routing, host_scores, kTokens, kTopK, kHidden, true, rows);
+    for (const auto& [tokens, hidden] : {std::pair<int64_t, int64_t>{24576, 1536}, {40960, 768}})
+      for (const int64_t top_k : {8, 4, 2}) {
+        const Routing shape_routing = random_routing(tokens, kExperts, top_k, 8);
+        std::vector<float> shape_scores(static_cast<size_t>(tokens * top_k));
+        for (float& s : shape_scores) s = unit(rng);
+        time_combine(handle, stream, shape_routing, shape_scores, tokens, top_k, hidden, false, rows);
+      }
 
     {  // db1
       const size_t dh_bytes = size_t{kPairs} * kGatedWidth * 2;

@@ -10,8 +10,9 @@
 // Launch shape: a "token group" of threads per token (as many as the row has 16-byte vectors, at most 256; below
 // 32 rounded up to a power of two, from 32 on to whole warps), as many groups per block as fit in 256 threads
 // (H = 1536: one group of 192 — a power-of-two group had left a quarter of its threads idle); each thread owns
-// whole 16-byte column vectors of the token's output row, keeps their 8 fp32 sums in registers and issues the
-// loads of 8 pairs' rows before it multiplies any of them, so many loads are in flight. Every output element has
+// whole 16-byte column vectors of the token's output row, keeps their 8 fp32 sums in registers and issues 8 row
+// loads before it multiplies any of them (8 pairs' rows of one vector, or at top-k 1 to 4 two pairs' rows of 4
+// vectors, token groups then a quarter as wide), so many loads are in flight. Every output element has
 // exactly one writer and a fixed summation order: the result is the same bits on every run and stream.
 #pragma once
 
@@ -39,9 +40,19 @@ struct CombineProblem {
   float beta;  // 0: out is never read
 };
 
-// One per storage dtype (combine_bf16.cu, combine_fp16.cu). Only enqueue on `stream`.
+// One per storage dtype (combine.cu). Only enqueue on `stream`.
 void combine_bf16(const CombineProblem& problem, cudaStream_t stream);
 void combine_fp16(const CombineProblem& problem, cudaStream_t stream);
+
+// Whether the combine takes its few-pairs kernel (fixed top-k of 1 to 4: 2 pairs x 4 vectors in flight per thread)
+// rather than its many-pairs one (8 pairs x 1 vector).
+inline bool combine_has_few_pairs(const CombineProblem& problem) { return problem.top_k >= 1 && problem.top_k <= 4; }
+
+// The two kernel variants per dtype (combine_{many,few}_pairs_{bf16,fp16}.cu).
+void combine_many_pairs_bf16(const CombineProblem& problem, cudaStream_t stream);
+void combine_few_pairs_bf16(const CombineProblem& problem, cudaStream_t stream);
+void combine_many_pairs_fp16(const CombineProblem& problem, cudaStream_t stream);
+void combine_few_pairs_fp16(const CombineProblem& problem, cudaStream_t stream);
 
 }  // namespace reduce
 }  // namespace cuda
