@@ -1,0 +1,17 @@
+// The combine kernel for fp16 storage, mid pairs per token (combine.cuh: CombineMidPairs); one
+// instantiation per translation unit (DESIGN.md "Build budget").
+#include "cuda/reduce/combine.cuh"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace reduce {
+
+void combine_mid_pairs_fp16(const CombineProblem& problem, cudaStream_t stream) {
+  launch_combine<__half, CombineMidPairs>(problem, stream);
+}
+
+}  // namespace reduce
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
