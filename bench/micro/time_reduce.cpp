@@ -1,7 +1,7 @@
 // Timing of the CUDA token reductions through the C ABI (moekit_time_reduce): combine and the broadcast backward at
 // T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), the combine also at (T, H) =
-// (24576, 1536) and (40960, 768) with K = 8, 4 and 2, db1 at E = 128, 2I = 2048 over the same P = 262144 grouped
-// rows, db2 + ds at H = 4096. Prints the median/min/max time per call, the GB/s the minimum bytes give at the median, and the
+// (24576, 1536) and (40960, 768) with K = 8, 4 and 2, db1 at E = 128, 2I = 2048 over the same P = 262144 grouped rows, db2 + ds at
+// H = 4096. Prints the median/min/max time per call, the GB/s the minimum bytes give at the median, and the
 // percentage of the device-copy ceiling measured in the same run.
 // Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
 // rows of each pair, index and score tensors), nothing for the workspace.
@@ -142,8 +142,8 @@ int main() {
     std::vector<Row> rows;
 
     // The combine at the layer's largest shape, with the broadcast backward; then at the SonicMoE figure's smaller
-    // hidden sizes (their H / 8 vectors per row are not a power of two) and its top-k of 8, 4 and 2 (the three
-    // kernel variants: many, mid and few pairs), each with its own random routing.
+    // hidden sizes (their H / 8 vectors per row are not a power of two) and its top-k of 8, 4 and 2 (the few-pairs
+    // kernel from 4 down), each with its own random routing.
     time_combine(handle, stream, routing, host_scores, kTokens, kTopK, kHidden, true, rows);
     for (const auto& [tokens, hidden] : {std::pair<int64_t, int64_t>{24576, 1536}, {40960, 768}})
       for (const int64_t top_k : {8, 4, 2}) {

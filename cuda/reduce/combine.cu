@@ -7,19 +7,17 @@ namespace cuda {
 namespace reduce {
 
 void combine_bf16(const CombineProblem& problem, cudaStream_t stream) {
-  switch (combine_variant(problem)) {
-    case CombineVariant::few_pairs: combine_few_pairs_bf16(problem, stream); break;
-    case CombineVariant::mid_pairs: combine_mid_pairs_bf16(problem, stream); break;
-    default: combine_many_pairs_bf16(problem, stream);
-  }
+  if (combine_has_few_pairs(problem))
+    combine_few_pairs_bf16(problem, stream);
+  else
+    combine_many_pairs_bf16(problem, stream);
 }
 
 void combine_fp16(const CombineProblem& problem, cudaStream_t stream) {
-  switch (combine_variant(problem)) {
-    case CombineVariant::few_pairs: combine_few_pairs_fp16(problem, stream); break;
-    case CombineVariant::mid_pairs: combine_mid_pairs_fp16(problem, stream); break;
-    default: combine_many_pairs_fp16(problem, stream);
-  }
+  if (combine_has_few_pairs(problem))
+    combine_few_pairs_fp16(problem, stream);
+  else
+    combine_many_pairs_fp16(problem, stream);
 }
 
 }  // namespace reduce

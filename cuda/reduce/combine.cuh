@@ -23,18 +23,14 @@ namespace reduce {
 
 constexpr int combine_block_threads = 256;
 
-// A thread keeps pairs_in_flight x vectors_per_thread row loads in flight (8 in every variant) before it sums any:
-// the rows of 8 pairs in one 16-byte column vector (top-k above 4, or variable top-k), of 4 pairs in 2 vectors
-// (top-k 3 and 4) or of 2 pairs in 4 vectors (top-k 1 and 2). With one vector per thread a token's few loads sat
-// behind two dependent memory round trips (K = 2 at H = 768 ran at ~1.6 TB/s in the layer, against ~3.5 at
-// K = 8); with fewer pairs per pass than the token has, each pass waits for its own positions.
-// min_blocks: __launch_bounds__'s blocks per SM; the mid- and few-pairs threads' 16 or 32 sums beside 32 row
-// registers spilled under the many-pairs kernel's bound of 3.
+// A thread keeps PairsInFlight x VectorsPerThread row loads in flight (8 in both variants) before it sums any:
+// the rows of 8 pairs in one 16-byte column vector (top-k above 4, or variable top-k), or of 2 pairs in 4 vectors
+// (top-k 1 to 4, where one vector per thread left a token's few loads behind two dependent memory round trips:
+// K = 2 at H = 768 ran at ~1.6 TB/s in the layer, against ~3.5 at K = 8).
+// min_blocks: __launch_bounds__'s blocks per SM; the few-pairs thread's 32 sums and 32 row registers spilled under
+// the many-pairs kernel's bound of 3.
 struct CombineManyPairs {
   static constexpr int pairs_in_flight = 8, vectors_per_thread = 1, min_blocks = 3;
-};
-struct CombineMidPairs {
-  static constexpr int pairs_in_flight = 4, vectors_per_thread = 2, min_blocks = 2;
 };
 struct CombineFewPairs {
   static constexpr int pairs_in_flight = 2, vectors_per_thread = 4, min_blocks = 2;
@@ -55,7 +51,6 @@ static_assert(combine_token_threads(1, 1) == 1 && combine_token_threads(25, 1) =
                   combine_token_threads(96, 1) == 96 && combine_token_threads(97, 1) == 128 &&
                   combine_token_threads(192, 1) == 192 && combine_token_threads(512, 1) == 256 &&
                   combine_token_threads(96, 4) == 32 && combine_token_threads(25, 4) == 8 &&
-                  combine_token_threads(96, 2) == 64 && combine_token_threads(25, 2) == 16 &&
                   combine_token_threads(192, 4) == 64,
               "token groups: powers of two below a warp, whole warps up to a block");
 

@@ -11,9 +11,8 @@
 // 32 rounded up to a power of two, from 32 on to whole warps), as many groups per block as fit in 256 threads
 // (H = 1536: one group of 192 — a power-of-two group had left a quarter of its threads idle); each thread owns
 // whole 16-byte column vectors of the token's output row, keeps their 8 fp32 sums in registers and issues 8 row
-// loads before it multiplies any of them (8 pairs' rows of one vector; at top-k 3 and 4 four pairs' rows of 2
-// vectors, at top-k 1 and 2 two pairs' rows of 4, token groups then a half or a quarter as wide), so many loads are
-// in flight. Every output element has
+// loads before it multiplies any of them (8 pairs' rows of one vector, or at top-k 1 to 4 two pairs' rows of 4
+// vectors, token groups then a quarter as wide), so many loads are in flight. Every output element has
 // exactly one writer and a fixed summation order: the result is the same bits on every run and stream.
 #pragma once
 
@@ -45,23 +44,14 @@ struct CombineProblem {
 void combine_bf16(const CombineProblem& problem, cudaStream_t stream);
 void combine_fp16(const CombineProblem& problem, cudaStream_t stream);
 
-// The combine's kernel variants, by the pairs a thread loads in one pass x the column vectors it owns: many 8 x 1
-// (top-k above 4, or variable), mid 4 x 2 (top-k 3 and 4), few 2 x 4 (top-k 1 and 2) — each token's pairs in one
-// pass where top-k allows, 8 row loads in flight per thread in all three.
-enum class CombineVariant { many_pairs, mid_pairs, few_pairs };
+// Whether the combine takes its few-pairs kernel (fixed top-k of 1 to 4: 2 pairs x 4 vectors in flight per thread)
+// rather than its many-pairs one (8 pairs x 1 vector).
+inline bool combine_has_few_pairs(const CombineProblem& problem) { return problem.top_k >= 1 && problem.top_k <= 4; }
 
-inline CombineVariant combine_variant(const CombineProblem& problem) {
-  if (problem.top_k >= 1 && problem.top_k <= 2) return CombineVariant::few_pairs;
-  if (problem.top_k >= 3 && problem.top_k <= 4) return CombineVariant::mid_pairs;
-  return CombineVariant::many_pairs;
-}
-
-// The variants' instantiations (combine_{many,mid,few}_pairs_{bf16,fp16}.cu).
+// The two kernel variants per dtype (combine_{many,few}_pairs_{bf16,fp16}.cu).
 void combine_many_pairs_bf16(const CombineProblem& problem, cudaStream_t stream);
-void combine_mid_pairs_bf16(const CombineProblem& problem, cudaStream_t stream);
 void combine_few_pairs_bf16(const CombineProblem& problem, cudaStream_t stream);
 void combine_many_pairs_fp16(const CombineProblem& problem, cudaStream_t stream);
-void combine_mid_pairs_fp16(const CombineProblem& problem, cudaStream_t stream);
 void combine_few_pairs_fp16(const CombineProblem& problem, cudaStream_t stream);
 
 }  // namespace reduce
