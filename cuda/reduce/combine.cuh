@@ -23,7 +23,7 @@ namespace reduce {
 
 constexpr int combine_block_threads = 256;
 
-// A thread keeps PairsInFlight x VectorsPerThread row loads in flight (8 in both variants) before it sums any:
+// A thread keeps pairs_in_flight x vectors_per_thread row loads in flight (8 in both variants) before it sums any:
 // the rows of 8 pairs in one 16-byte column vector (top-k above 4, or variable top-k), or of 2 pairs in 4 vectors
 // (top-k 1 to 4, where one vector per thread left a token's few loads behind two dependent memory round trips:
 // K = 2 at H = 768 ran at ~1.6 TB/s in the layer, against ~3.5 at K = 8).
