@@ -86,9 +86,15 @@ def kernel_time(case, layer, calls=10):
         for _ in range(calls):
             call()
         torch.cuda.synchronize()
-    total_ns = sum(e.duration_ns() for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA)
-    return {"per_call_us": total_ns / 1000.0 / calls, "calls": calls,
-            "what": "forward + backward" if backward else "forward"}
+    records = [e for e in prof.profiler.kineto_results.events() if e.device_type() == DeviceType.CUDA]
+    # Per kernel name, in order of first launch (moekit-bench --breakdown's form): launches and GPU time per call.
+    kernels = {}
+    for e in records:
+        entry = kernels.setdefault(e.name(), {"kernel": e.name(), "calls": 0.0, "us": 0.0})
+        entry["calls"] += 1.0 / calls
+        entry["us"] += e.duration_ns() / 1000.0 / calls
+    return {"per_call_us": sum(e.duration_ns() for e in records) / 1000.0 / calls, "calls": calls,
+            "what": "forward + backward" if backward else "forward", "kernels": list(kernels.values())}
 
 
 def versions():
