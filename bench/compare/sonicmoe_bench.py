@@ -65,8 +65,9 @@ def check(case, layer):
 
 def kernel_time(case, layer, calls=10):
     """GPU time per call of the case's work (forward, or forward + backward for moe_backward), summed over every
-    kernel, memcpy and memset that the profiler's CUPTI records show: what the GPU spends, without the host's gaps
-    between launches that the event timing includes (moekit-bench --breakdown reports the same for moekit)."""
+    kernel, memcpy and memset that the profiler's CUPTI records show, and per kernel name: what the GPU spends,
+    without the host's gaps between launches that the event timing includes (moekit-bench --breakdown reports the
+    same for moekit)."""
     from torch._C._autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     dtype = torch_bench.DTYPES[case.get("dtype", "bf16")]
@@ -110,8 +111,8 @@ def versions():
 def main():
     parser = torch_bench.tool_arguments(__doc__.split("\n")[0])
     parser.add_argument("--kernel-time", action="store_true",
-                        help="also record the GPU time per call summed over the profiler's kernel records "
-                             "(field kernel_time_us; moe_backward: per forward + backward call)")
+                        help="also record the GPU time per call summed over the profiler's kernel records, and "
+                             "each kernel's (field kernel_time_us; moe_backward: per forward + backward call)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sonicmoe_bench.py: needs a CUDA device")
