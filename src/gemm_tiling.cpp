@@ -26,20 +26,10 @@ int64_t tile_count(const GemmShape& s, GemmTileShape t) {
 }  // namespace
 
 GemmTileShape gemm_tile_shape(GemmTile tile) {
-  switch (tile) {
-    case GemmTile::m128_n256: return GemmTileShape{128, 256};
-    case GemmTile::m128_n192: return GemmTileShape{128, 192};
-    default: return GemmTileShape{128, 128};
-  }
+  return tile == GemmTile::m128_n256 ? GemmTileShape{128, 256} : GemmTileShape{128, 128};
 }
 
-const char* gemm_tile_name(GemmTile tile) {
-  switch (tile) {
-    case GemmTile::m128_n256: return "128x256";
-    case GemmTile::m128_n192: return "128x192";
-    default: return "128x128";
-  }
-}
+const char* gemm_tile_name(GemmTile tile) { return tile == GemmTile::m128_n256 ? "128x256" : "128x128"; }
 
 GemmShape gemm_shape(const moekit_gemm_desc_t& d) {
   GemmShape s{};
@@ -74,12 +64,7 @@ GemmTile choose_gemm_tile_or_override(const GemmShape& shape, int sm_count) {
 }
 
 const char* gemm_path_name(GemmPath path) {
-  switch (path) {
-    case GemmPath::wgmma: return "wgmma";
-    case GemmPath::wgmma_pair: return "wgmma_pair";
-    case GemmPath::wgmma_pingpong: return "wgmma_pingpong";
-    default: return "mma";
-  }
+  return path == GemmPath::wgmma ? "wgmma" : path == GemmPath::wgmma_pair ? "wgmma_pair" : "mma";
 }
 
 bool wgmma_capable(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
@@ -92,12 +77,6 @@ bool wgmma_capable(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
   // varlen K: TMA and the cp.async copies zero-fill past m and n, so any shape the planner takes.
   if (d.mode == MOEKIT_GEMM_VARLEN_K) return d.epilogue == MOEKIT_EPILOGUE_STORE;
   return d.mode == MOEKIT_GEMM_VARLEN_M && epilogue && d.k > 0 && d.k % 64 == 0 && gemm_shape(d).n % 64 == 0;
-}
-
-bool pingpong_capable(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
-  return wgmma_capable(d, cc_major, cc_minor) && d.mode == MOEKIT_GEMM_VARLEN_M &&
-         (d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS) &&
-         d.gather != MOEKIT_GEMM_GATHER_A;
 }
 
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_minor) {
@@ -124,15 +103,9 @@ GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& d, int cc_major,
     return forced != nullptr && std::strcmp(forced, gemm_path_name(path)) == 0;
   };
   if (is(GemmPath::mma_sync)) return GemmPath::mma_sync;
-  if (is(GemmPath::wgmma_pingpong) && pingpong_capable(d, cc_major, cc_minor)) return GemmPath::wgmma_pingpong;
-  if ((is(GemmPath::wgmma) || is(GemmPath::wgmma_pair) || is(GemmPath::wgmma_pingpong)) &&
-      wgmma_capable(d, cc_major, cc_minor))
+  if ((is(GemmPath::wgmma) || is(GemmPath::wgmma_pair)) && wgmma_capable(d, cc_major, cc_minor))
     return is(GemmPath::wgmma_pair) ? GemmPath::wgmma_pair : GemmPath::wgmma;
   return choose_gemm_path(d, cc_major, cc_minor);
-}
-
-GemmTile gemm_tile_for_path(GemmTile tile, GemmPath path) {
-  return path == GemmPath::wgmma_pingpong ? GemmTile::m128_n192 : tile;
 }
 
 int32_t gemm_kernel_config(GemmTile tile, GemmPath path) {

@@ -15,7 +15,6 @@ inline namespace v0 {
 enum class GemmTile : int32_t {
   m128_n256 = 0,
   m128_n128 = 1,
-  m128_n192 = 2,  // GemmPath::wgmma_pingpong only: each consumer warpgroup's own tile
 };
 
 struct GemmTileShape {
@@ -55,22 +54,14 @@ enum class GemmPath : int32_t {
   mma_sync = 0,
   wgmma = 1,
   wgmma_pair = 2,  // the wgmma kernel in clusters of 2 CTAs sharing each B tile by TMA multicast
-  // The wgmma kernel with pingpong consumers: each consumer warpgroup computes whole 128x192 tiles of its own, every
-  // other tile of the CTA's walk, so that one's epilogue runs under the other's MMAs (varlen-M STORE / BIAS with A
-  // not gathered).
-  wgmma_pingpong = 3,
 };
 
-const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair", "wgmma_pingpong"
+const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 
 // Whether the wgmma kernel can run the problem, on a device of compute capability 9.0 with bf16 / fp16 operands:
 // varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n] and STORE / BIAS / DGATED, k a positive multiple
 // of 64, the product's width (gemm_shape's n: DGATED's activation width) a multiple of 64; or varlen K (STORE).
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
-
-// Whether the pingpong wgmma kernel can run the problem: wgmma_capable, varlen M, STORE or BIAS, A not gathered
-// (its producer loads both operands by TMA).
-bool pingpong_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // wgmma where it is capable (measured faster for every mode and epilogue it takes), paired (wgmma_pair) for GATED
 // and DGATED with k >= 4096 (measured 1-3% faster there, the same bits) and for varlen K with fewer than 512 rows per
@@ -80,12 +71,8 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_m
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;
 // "wgmma" gives the single-CTA wgmma kernel wherever it is capable, DGATED included, and mma_sync elsewhere;
 // "wgmma_pair" gives wgmma_pair wherever wgmma is capable (varlen K then runs paired where pairs_weight_gradient
-// allows, else unpaired), else as "wgmma"; "wgmma_pingpong" gives wgmma_pingpong where pingpong_capable, else as
-// "wgmma" (tests run every path on one build).
+// allows, else unpaired), else as "wgmma" (tests run every path on one build).
 GemmPath choose_gemm_path_or_override(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
-
-// The tile a path runs: wgmma_pingpong's consumers take 128x192 tiles; every other path the tile chosen.
-GemmTile gemm_tile_for_path(GemmTile tile, GemmPath path);
 
 // A plan's kernel choice packed into one int32 (moekit_plan::kernel_config): the tile in the low byte, the path
 // in the next.

@@ -3,9 +3,7 @@
 // per-column-tile dots into dscores.
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/grouped_gemm.h"
@@ -133,15 +131,6 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
 template <int32_t Dtype, GemmTile Tile>
 void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                            cudaStream_t stream) {
-  if constexpr (Tile == GemmTile::m128_n192) {
-    // The pingpong kernel's tile: the plan gave it only to varlen-M STORE / BIAS with A not gathered
-    // (pingpong_capable), never paired.
-    if (p.b_layout == MOEKIT_GEMM_B_KN)
-      launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, maps, sm_count, false, stream);
-    else
-      launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, false, stream);
-    return;
-  }
   if (p.mode == MOEKIT_GEMM_VARLEN_K)
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, false, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN && p.epilogue == MOEKIT_EPILOGUE_DGATED)
@@ -179,16 +168,8 @@ void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, 
   int device = 0, sm_count = 0;
   check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
   check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");
-  // MOEKIT_GEMM_MAX_CTAS (tests): at most this many CTAs (at least 2), so that a small problem walks several tiles
-  // per CTA as a large one does.
-  if (const char* cap = std::getenv("MOEKIT_GEMM_MAX_CTAS")) sm_count = std::max(2, std::min(sm_count, std::atoi(cap)));
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
-  if (tile == GemmTile::m128_n192) {
-    if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n192>(p, maps, sm_count, false, stream);
-    else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n192>(p, maps, sm_count, false, stream);
-  } else if (tile == GemmTile::m128_n256) {
+  if (tile == GemmTile::m128_n256) {
     if (bf16)
       launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, sm_count, pair, stream);
     else
@@ -226,10 +207,7 @@ void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const 
                                                            p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
     check_launch("grouped GEMM: row tile list");
   }
-  if (path == GemmPath::wgmma_pingpong) {
-    // pingpong_capable: varlen M only, which the wgmma kernels always take.
-    launch_wgmma(p, tile, false, stream);
-  } else if ((path == GemmPath::wgmma || path == GemmPath::wgmma_pair) && (varlen_m || varlen_k_strides_fit(p))) {
+  if ((path == GemmPath::wgmma || path == GemmPath::wgmma_pair) && (varlen_m || varlen_k_strides_fit(p))) {
     launch_wgmma(p, tile, path == GemmPath::wgmma_pair, stream);
   } else {
     const Operands op = !varlen_m                        ? Operands::varlen_k

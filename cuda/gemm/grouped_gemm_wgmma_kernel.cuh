@@ -56,12 +56,8 @@ inline namespace v0 {
 namespace cuda {
 namespace gemm {
 
-// Pingpong (varlen-M STORE / BIAS with A by TMA, GemmPath::wgmma_pingpong): each consumer warpgroup computes whole
-// 128 x BN tiles of its own (two m64 accumulator sets), every other tile of the CTA's walk, so that one's epilogue
-// runs under the other's MMAs.
-template <int BN, bool Pingpong = false>
+template <int BN>
 struct WgmmaTileConfig {
-  static constexpr bool pingpong = Pingpong;
   static constexpr int bm = 128;
   static constexpr int bn = BN;
   static constexpr int bk = 64;  // one 128-byte swizzle row of 16-bit values
@@ -71,12 +67,9 @@ struct WgmmaTileConfig {
   // What each thread holds at launch (one CTA per SM): the register file over the threads, in steps of 8.
   static constexpr int launch_registers = 65536 / threads / 8 * 8;
   // Registers per thread after setmaxnreg, by operand layout (the sums stay within the launch's):
-  // varlen M's producer walks two ways (all-TMA or cp.async), which spill in 40; varlen K's consumers use 232, as do
-  // pingpong consumers (2 x BN / 2 accumulators), whose producer walks the all-TMA way only.
-  __host__ __device__ static constexpr int producer_registers(bool varlen_k) { return varlen_k || pingpong ? 40 : 56; }
-  __host__ __device__ static constexpr int consumer_registers(bool varlen_k) {
-    return varlen_k || pingpong ? 232 : 224;
-  }
+  // varlen M's producer walks two ways (all-TMA or cp.async), which spill in 40; varlen K's consumers use 232.
+  __host__ __device__ static constexpr int producer_registers(bool varlen_k) { return varlen_k ? 40 : 56; }
+  __host__ __device__ static constexpr int consumer_registers(bool varlen_k) { return varlen_k ? 232 : 224; }
   static constexpr int a_stage_bytes = bm * bk * 2;
   static constexpr int b_stage_bytes = bn * bk * 2;
   static constexpr int b_box_rows = bn / 2;                 // NK boxes
@@ -89,11 +82,9 @@ struct WgmmaTileConfig {
   static constexpr int b_offset = a_offset + stages * a_stage_bytes;
   static constexpr int staging_offset = b_offset + stages * b_stage_bytes;
   static constexpr int barrier_offset = staging_offset + consumer_warpgroups * staging_bytes;
-  // The ring's full and empty barriers, then (pingpong) each consumer's mainloop-order barrier.
-  static constexpr int shared_bytes = barrier_offset + 2 * stages * 8 + (pingpong ? consumer_warpgroups * 8 : 0);
+  static constexpr int shared_bytes = barrier_offset + 2 * stages * 8;
 
-  static_assert(BN == 128 || BN == 192 || BN == 256, "wgmma_m64k16 exists for N = 128, 192 and 256");
-  static_assert(!pingpong || BN <= 192, "a pingpong consumer holds two m64 x BN accumulator sets");
+  static_assert(BN == 128 || BN == 256, "wgmma_m64k16 exists for N = 128 and 256");
   static_assert(a_stage_bytes % 1024 == 0 && b_stage_bytes % 1024 == 0 && (b_box_rows * 128) % 1024 == 0,
                 "every swizzled tile and TMA box starts 1024-byte aligned");
   static_assert(bm == 64 * consumer_warpgroups, "each consumer warpgroup owns 64 rows of the tile");
@@ -119,10 +110,6 @@ struct WgmmaTileFor<GemmTile::m128_n256> {
 template <>
 struct WgmmaTileFor<GemmTile::m128_n128> {
   using type = WgmmaTileConfig<128>;
-};
-template <>
-struct WgmmaTileFor<GemmTile::m128_n192> {
-  using type = WgmmaTileConfig<192, true>;
 };
 
 // The producer's and consumers' shared view of tile `tile` of the persistent walk.
@@ -560,23 +547,20 @@ __device__ __forceinline__ void epilogue_box_by_tma(unsigned char* buffers, int 
   }
 }
 
-// STORE with C written by TMA (maps.c_by_tma), 64 rows of tile t from a consumer's accumulators (the tile's rows
-// 64 row_block..; varlen M: rows wholly inside the tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n]
-// as (n, m, E)). Out = T
+// STORE with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t (varlen M: rows wholly inside the
+// tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n] as (n, m, E)). Out = T
 // (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store rounds them, are
 // stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
 // each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. One
-// box (epilogue_box_by_tma) per 64 rows x 128 bytes (64 T or 32 fp32 columns); TMA writes nothing outside C. The
-// boxes count on from `first_box` (a pingpong consumer's second 64 rows follow its first in the buffers' turns).
+// box (epilogue_box_by_tma) per 64 rows x 128 bytes (64 T or 32 fp32 columns); TMA writes nothing outside C.
 template <class Out, class Cfg>
 __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                   const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
-                                                  const WgmmaTile& t, int row_block, int first_box, int consumer,
-                                                  int wg_tid) {
+                                                  const WgmmaTile& t, int consumer, int wg_tid) {
   constexpr bool add = sizeof(Out) == 4;
   constexpr int BN = Cfg::bn, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
   const int64_t n0 = t.n_tile * BN;
-  const auto y = static_cast<int32_t>(t.m0 + 64 * row_block);
+  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
   const auto z = static_cast<int32_t>(p.mode == MOEKIT_GEMM_VARLEN_K ? t.group : 0);
   const uint32_t lane_offset = accumulator_box_offset<sizeof(Out)>(wg_tid);
 #pragma unroll
@@ -606,7 +590,7 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
       else
         tma_store_3d(map, buffer_address, static_cast<int32_t>(box_column), y, z);
     };
-    epilogue_box_by_tma(buffers, first_box + box, consumer, wg_tid, fill, store);
+    epilogue_box_by_tma(buffers, box, consumer, wg_tid, fill, store);
   }
 }
 
@@ -734,11 +718,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   constexpr bool b_mn_major = Op != Operands::varlen_m_nk;
   // Varlen M with A not gathered: A by TMA too (the producer's issue rate and the cp.async latency bound the
   // gathered kernel; TMA boxes take neither).
-  // Pingpong (Cfg::pingpong) takes only problems whose A is not gathered (pingpong_capable).
-  constexpr bool pingpong = Cfg::pingpong;
-  const bool a_by_tma = pingpong || (!varlen_k && p.gather != MOEKIT_GEMM_GATHER_A);
+  const bool a_by_tma = !varlen_k && p.gather != MOEKIT_GEMM_GATHER_A;
   static_assert(!(Activated && varlen_k), "varlen K is STORE only");
-  static_assert(!pingpong || (!varlen_k && !Activated), "the pingpong schedule is built for varlen-M STORE and BIAS");
   // GATED pairs the columns of B [E, n, k]; DGATED reads B [E, k, n] (wgmma_capable).
   constexpr bool gated = Activated && Op == Operands::varlen_m_nk;
   constexpr bool dgated = Activated && Op == Operands::varlen_m_kn;
@@ -748,7 +729,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t smem_b = smem + Cfg::b_offset;
   const uint32_t full_bars = smem + Cfg::barrier_offset;                       // [S] operands of a slot landed
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
-  const uint32_t order_bars = empty_bars + 8 * S;  // pingpong: [2] a consumer waited for its tile's slices
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128, wg_tid = tid % 128;
   // Paired CTAs (launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take a pair of
@@ -758,7 +738,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   // else (a varlen-M pair across a group boundary) each loads its own. Either way a ring slot is reused only when
   // the consumers of both CTAs have released it.
   const uint32_t cluster_size = cluster_num_ctas();
-  const bool paired = !pingpong && cluster_size == 2;  // pingpong is never launched in clusters
+  const bool paired = cluster_size == 2;
   const uint32_t rank = paired ? cluster_cta_rank() : 0;
 
   if (tid == 0) {
@@ -767,15 +747,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 #pragma unroll
     for (int s = 0; s < S; ++s) {
       mbarrier_init(full_bars + 8 * s, a_by_tma ? 1 : 128 + 1);
-      // Unpaired: every consumer thread arrives (pingpong: of the one consumer whose tile the slot holds); paired:
-      // one arrival per consumer warp of either CTA.
-      mbarrier_init(empty_bars + 8 * s,
-                    paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * (pingpong ? 1 : Cfg::consumer_warpgroups));
+      // Unpaired: every consumer thread arrives; paired: one arrival per consumer warp of either CTA.
+      mbarrier_init(empty_bars + 8 * s, paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * Cfg::consumer_warpgroups);
     }
-    // Pingpong: every thread of a consumer arrives after its own waits, so an order barrier cannot run two phases
-    // ahead of a slow thread of the other consumer.
-    if constexpr (pingpong)
-      for (int c = 0; c < Cfg::consumer_warpgroups; ++c) mbarrier_init(order_bars + 8 * c, 128);
     mbarrier_init_fence();
     // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
     if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&maps.b);
@@ -845,14 +819,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     float* staging = reinterpret_cast<float*>(shared + Cfg::staging_offset) + consumer * 64 * Cfg::staging_pitch;
     const DeviceActivation act{p.activation, p.glu_limit};
     float acc[BN / 2];
-    // Pingpong: the accumulators of the tile's rows 64..127 (acc holds rows 0..63). Consumer c takes every other
-    // unit of the CTA's walk and skips the other consumer's ring entries (varlen M: k / 64 slices, every tile).
-    float acc_hi[pingpong ? BN / 2 : 1];
-    const int64_t own_first = pingpong ? first_unit + consumer * unit_step : first_unit;
-    const int64_t own_step = pingpong ? 2 * unit_step : unit_step;
-    const uint32_t other_entries = pingpong ? static_cast<uint32_t>(p.k / BK) : 0;
-    uint32_t it = consumer * other_entries;
-    uint32_t order_phase = 0;  // pingpong: the phase of the other consumer's order barrier this one waits for next
+    uint32_t it = 0;
     // Hands ring slot `slot` back to the producers: unpaired every thread arrives on this CTA's barrier; paired,
     // once the warp is done, its lane 0 arrives on the barrier of both CTAs (either producer may overwrite it).
     const auto release = [&](uint32_t slot) {
@@ -867,22 +834,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         mbarrier_arrive_cluster(bar, 1, 1);
       }
     };
-    for (int64_t unit = own_first; unit < units; unit += own_step, it += other_entries) {
-      // NOTE: pingpong reads its tile after the mainloop (varlen M's slices are k / 64 for every tile): held across
-      // it, the tile's fields spilled next to two accumulator sets.
-      WgmmaTile t{};
-      if constexpr (!pingpong) t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
-      const int64_t slices = pingpong ? p.k / BK : slices_of(t);
-      if constexpr (pingpong) {
-        // The ring's full barriers are waited by parity, which tells apart only the last two phases of a slot: a
-        // consumer may wait on a slot only once every earlier entry of it has landed. So it starts its slices
-        // once the other consumer has waited for all of the previous tile's (each of its threads arrives on its
-        // order barrier then), and the two consumers' mainloops alternate.
-        if (consumer == 1 || unit != own_first) {
-          mbarrier_wait(order_bars + 8 * (1 - consumer), order_phase);
-          order_phase ^= 1;
-        }
-      }
+    for (int64_t unit = first_unit; unit < units; unit += unit_step) {
+      const WgmmaTile t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
+      const int64_t slices = slices_of(t);
       if (slices == 0) {
         // varlen K over an empty group: the product is 0 and C becomes beta C.
 #pragma unroll
@@ -894,12 +848,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         // NOTE: A arrived by cp.async (generic proxy); wgmma reads shared memory through the async proxy.
         if (!a_by_tma) fence_proxy_async_shared();
         // K-major A: this consumer's 64 rows of 128 bytes; MN-major A (varlen K): its 8 KiB block of 64 columns.
-        // Pingpong: the tile's rows 0..63, then 64..127 into acc_hi.
-        const uint32_t a_tile = smem_a + slot * Cfg::a_stage_bytes +
-                                (pingpong ? 0 : consumer * (a_mn_major ? Cfg::mn_block_bytes : 64 * 128));
+        const uint32_t a_tile =
+            smem_a + slot * Cfg::a_stage_bytes + consumer * (a_mn_major ? Cfg::mn_block_bytes : 64 * 128);
         const uint32_t b_tile = smem_b + slot * Cfg::b_stage_bytes;
         wgmma_fence_accumulators(acc);
-        if constexpr (pingpong) wgmma_fence_accumulators(acc_hi);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < BK / 16; ++kk) {
@@ -909,9 +861,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           const uint64_t b_desc = b_mn_major ? wgmma_mnmajor_sw128_descriptor(b_tile + 2048 * kk, Cfg::mn_block_bytes)
                                              : wgmma_kmajor_sw128_descriptor(b_tile + 32 * kk);
           wgmma_m64k16<BN, T, a_mn_major, b_mn_major>(acc, a_desc, b_desc, s > 0 || kk > 0);
-          if constexpr (pingpong)
-            wgmma_m64k16<BN, T, a_mn_major, b_mn_major>(
-                acc_hi, wgmma_kmajor_sw128_descriptor(a_tile + 64 * 128 + 32 * kk), b_desc, s > 0 || kk > 0);
         }
         wgmma_commit();
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
@@ -919,159 +868,135 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         wgmma_wait<1>();
         if (s > 0) release((it - 1) % S);
       }
-      // Pingpong: every slice of this tile has landed (this thread waited for each): the other consumer may go on
-      // once all 128 have.
-      if constexpr (pingpong) mbarrier_arrive(order_bars + 8 * consumer);
       wgmma_wait<0>();
       wgmma_fence_accumulators(acc);
-      if constexpr (pingpong) wgmma_fence_accumulators(acc_hi);
       if (slices > 0) release((it - 1) % S);
-      if constexpr (pingpong) t = wgmma_tile_at<varlen_k, BM>(p, tile_of_unit(unit));
 
+      // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
+      const int64_t first_row = t.m0 + 64 * consumer;
       // The TMA boxes take turns on two buffers inside this consumer's staging rows, and a tile may end on either
       // (fewer boxes at the last column tile), so a tile's epilogue, by TMA or by the threads, starts once every
       // earlier store has read its buffer (long since: a mainloop ago).
       if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
-      // The epilogue of 64 rows: this consumer's, or (pingpong) the tile's two halves in turn, acc_hi moved into acc
-      // for the second, so that the epilogue's code exists once.
-#pragma unroll 1
-      for (int half = 0; half < (pingpong ? 2 : 1); ++half) {
-        if constexpr (pingpong) {
-          if (half == 1) {
-#pragma unroll
-            for (int i = 0; i < BN / 2; ++i) acc[i] = acc_hi[i];
-          }
-        }
-        const int row_block = pingpong ? half : consumer;
-        const int64_t first_row = t.m0 + 64 * row_block;
-        if (pingpong && first_row >= t.m_end) break;
-        // ---- By TMA stores (maps.c_by_tma; varlen M: the 64 rows wholly inside the group) ----
-        // Pingpong: the second half's boxes continue the first's turns on the buffers (both halves store the same
-        // columns: as many boxes).
-        const int first_box = half * static_cast<int>(min(static_cast<int64_t>(BN / 64), (p.n - t.n_tile * BN + 63) / 64));
-        if (tma_stores && (varlen_k || first_row + 64 <= t.m_end)) {
-          unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
-          if constexpr (gated)
-            store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
-          else if (varlen_k && p.c_fp32)
-            store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, 0, consumer, wg_tid);
-          else if (varlen_k && p.c_transposed)
-            store_tile_transposed_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-          else
-            store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, row_block, first_box, consumer, wg_tid);
-          continue;
-        }
+      if (tma_stores && (varlen_k || first_row + 64 <= t.m_end)) {
+        unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
+        if constexpr (gated)
+          store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
+        else if (varlen_k && p.c_fp32)
+          store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        else if (varlen_k && p.c_transposed)
+          store_tile_transposed_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        else
+          store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
+        continue;
+      }
 
-        // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
-        // Pingpong: the staging rows hold the first half's TMA boxes, read once its stores are (stage's barrier
-        // orders every thread after this wait).
-        if (pingpong && half > 0 && tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
-        const int64_t n0 = t.n_tile * BN;
-        const int items_per_row = split_glu ? 4 : 8;
-        const int rows_per_pass = 128 / items_per_row;
-        const int item = wg_tid % items_per_row;
-        // One chunk's products into the staging rows, read once every thread of the consumer has written its part.
-        const auto stage = [&](int chunk) {
-          named_barrier_sync(2 + consumer, 128);  // the previous chunk's staging reads are done
-          stage_chunk_at<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
-          named_barrier_sync(2 + consumer, 128);
+      // ---- Epilogue: 64-column chunks through the staging rows, 8 values of one row per thread ----
+      const int64_t n0 = t.n_tile * BN;
+      const int items_per_row = split_glu ? 4 : 8;
+      const int rows_per_pass = 128 / items_per_row;
+      const int item = wg_tid % items_per_row;
+      // One chunk's products into the staging rows, read once every thread of the consumer has written its part.
+      const auto stage = [&](int chunk) {
+        named_barrier_sync(2 + consumer, 128);  // the previous chunk's staging reads are done
+        stage_chunk_at<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
+        named_barrier_sync(2 + consumer, 128);
+      };
+      if constexpr (dgated) {
+        // The dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row sum
+        // theirs by a fixed butterfly, then the chunks add in order. The rows' score scales once per tile.
+        float row_dots[64 / 16] = {}, row_scales[64 / 16] = {};
+#pragma unroll
+        for (int pass = 0; pass < 64 / 16; ++pass) {
+          const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+          if (r < t.m_end) row_scales[pass] = p.row_scale[p.pair_idx[r]];
+        }
+        // NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation
+        // code overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled).
+        // The MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1) has its own copy of the loop that branches on none of
+        // them: this epilogue is issue-bound (~10 us per tile, the SMs' warps idle under it but two per scheduler).
+        const auto chunks = [&](auto swiglu_concat) {
+          constexpr bool SwigluConcat = decltype(swiglu_concat)::value;
+#pragma unroll 1
+          for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+            stage(chunk);
+            // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
+            const uint32_t slot = it % S;
+            mbarrier_wait(full_bars + 8 * slot, (it / S) & 1);
+            const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
+            const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
+            // Every lane takes part in the shuffles, rows past the group included.
+#pragma unroll 1
+            for (int pass = 0; pass < 64 / 16; ++pass) {
+              const int row = wg_tid / 8 + 16 * pass;
+              const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
+              float dot = 0.0f;
+              if (r < t.m_end && j < p.n) {
+                float g[8], u[8];
+                load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item,
+                                     SwigluConcat || is_gated_activation(act.kind), !SwigluConcat && interleaved, g,
+                                     u);
+                dot = epilogue_dgated_from_h<T, SwigluConcat>(
+                    p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r, j, pick(row_scales, pass));
+              }
+#pragma unroll
+              for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+#pragma unroll
+              for (int q = 0; q < 64 / 16; ++q)
+                if (q == pass) row_dots[q] += dot;
+            }
+            release(slot);
+            ++it;
+          }
         };
-        if constexpr (dgated) {
-          // The dA . a of each of this thread's rows over the tile's columns: per chunk the 8 lanes of a row sum
-          // theirs by a fixed butterfly, then the chunks add in order. The rows' score scales once per tile.
-          float row_dots[64 / 16] = {}, row_scales[64 / 16] = {};
-  #pragma unroll
+        if (act.kind == MOEKIT_ACT_SWIGLU && !interleaved && p.alpha == 1.0f)
+          chunks(std::true_type{});
+        else
+          chunks(std::false_type{});
+        if (item == 0) {
+#pragma unroll
           for (int pass = 0; pass < 64 / 16; ++pass) {
             const int64_t r = first_row + wg_tid / 8 + 16 * pass;
-            if (r < t.m_end) row_scales[pass] = p.row_scale[p.pair_idx[r]];
+            if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
           }
-          // NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation
-          // code overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled).
-          // The MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1) has its own copy of the loop that branches on none of
-          // them: this epilogue is issue-bound (~10 us per tile, the SMs' warps idle under it but two per scheduler).
-          const auto chunks = [&](auto swiglu_concat) {
-            constexpr bool SwigluConcat = decltype(swiglu_concat)::value;
-  #pragma unroll 1
-            for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
-              stage(chunk);
-              // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
-              const uint32_t slot = it % S;
-              mbarrier_wait(full_bars + 8 * slot, (it / S) & 1);
-              const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
-              const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
-              // Every lane takes part in the shuffles, rows past the group included.
-  #pragma unroll 1
-              for (int pass = 0; pass < 64 / 16; ++pass) {
-                const int row = wg_tid / 8 + 16 * pass;
-                const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
-                float dot = 0.0f;
-                if (r < t.m_end && j < p.n) {
-                  float g[8], u[8];
-                  load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item,
-                                       SwigluConcat || is_gated_activation(act.kind), !SwigluConcat && interleaved, g,
-                                       u);
-                  dot = epilogue_dgated_from_h<T, SwigluConcat>(
-                      p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r, j, pick(row_scales, pass));
-                }
-  #pragma unroll
-                for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-  #pragma unroll
-                for (int q = 0; q < 64 / 16; ++q)
-                  if (q == pass) row_dots[q] += dot;
-              }
-              release(slot);
-              ++it;
-            }
-          };
-          if (act.kind == MOEKIT_ACT_SWIGLU && !interleaved && p.alpha == 1.0f)
-            chunks(std::true_type{});
-          else
-            chunks(std::false_type{});
-          if (item == 0) {
-  #pragma unroll
-            for (int pass = 0; pass < 64 / 16; ++pass) {
-              const int64_t r = first_row + wg_tid / 8 + 16 * pass;
-              if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
-            }
-          }
-        } else {
-          // STORE, BIAS, GATED: unrolled over the chunks (rolled, these lighter epilogues ran 0.8-0.99x). GATED with
-          // alpha = 1 and no bias (the layer's up-projection) has its own copy without the scaling and the bias.
-          const auto chunks = [&](auto scaled) {
-            constexpr bool Scaled = decltype(scaled)::value;
-  #pragma unroll
-            for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
-              stage(chunk);
-  #pragma unroll 1
-              for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
-                const int64_t r = first_row + row;
-                if (r >= t.m_end) break;
-                const float* line = staging + row * Cfg::staging_pitch;
-                if (split_glu) {
-                  const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
-                  if (j < p.act_width)
-                    epilogue_gated_glu<T, Scaled>(p, act, line + 8 * item, line + 32 + 8 * item, t.group, r, j);
-                } else {
-                  const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
-                  if (col >= p.n) continue;
-                  // varlen K: r is C's row m of group t.group.
-                  const int64_t c_offset = varlen_k ? t.group * p.c_group_stride + r * p.ldc + col : r * p.ldc + col;
-                  if (gated)
-                    epilogue_gated_plain<T, Scaled>(p, act, line + 8 * item, t.group, r, col);
-                  else
-                    epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
-                }
-              }
-            }
-          };
-          if constexpr (gated) {
-            if (p.alpha == 1.0f && p.bias == nullptr) {
-              chunks(std::false_type{});
-              continue;
-            }
-          }
-          chunks(std::true_type{});
         }
+      } else {
+        // STORE, BIAS, GATED: unrolled over the chunks (rolled, these lighter epilogues ran 0.8-0.99x). GATED with
+        // alpha = 1 and no bias (the layer's up-projection) has its own copy without the scaling and the bias.
+        const auto chunks = [&](auto scaled) {
+          constexpr bool Scaled = decltype(scaled)::value;
+#pragma unroll
+          for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
+            stage(chunk);
+#pragma unroll 1
+            for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
+              const int64_t r = first_row + row;
+              if (r >= t.m_end) break;
+              const float* line = staging + row * Cfg::staging_pitch;
+              if (split_glu) {
+                const int64_t j = n0 / 2 + 32 * chunk + 8 * item;
+                if (j < p.act_width)
+                  epilogue_gated_glu<T, Scaled>(p, act, line + 8 * item, line + 32 + 8 * item, t.group, r, j);
+              } else {
+                const int64_t col = n0 + Cfg::chunk_columns * chunk + 8 * item;
+                if (col >= p.n) continue;
+                // varlen K: r is C's row m of group t.group.
+                const int64_t c_offset = varlen_k ? t.group * p.c_group_stride + r * p.ldc + col : r * p.ldc + col;
+                if (gated)
+                  epilogue_gated_plain<T, Scaled>(p, act, line + 8 * item, t.group, r, col);
+                else
+                  epilogue_store<T>(p, line + 8 * item, t.group, c_offset, col);
+              }
+            }
+          }
+        };
+        if constexpr (gated) {
+          if (p.alpha == 1.0f && p.bias == nullptr) {
+            chunks(std::false_type{});
+            continue;
+          }
+        }
+        chunks(std::true_type{});
       }
     }
   }

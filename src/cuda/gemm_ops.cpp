@@ -82,8 +82,8 @@ void plan_grouped_gemm(moekit_plan& plan, int device_index) {
              "grouped GEMM: compute capability");
   check_cuda(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
              "grouped GEMM: compute capability");
+  const GemmTile tile = choose_gemm_tile_or_override(shape, sm_count);
   const GemmPath path = choose_gemm_path_or_override(d, cc_major, cc_minor);
-  const GemmTile tile = gemm_tile_for_path(choose_gemm_tile_or_override(shape, sm_count), path);
   plan.kernel_config = gemm_kernel_config(tile, path);
   plan.workspace_bytes = gemm_workspace_layout(d, tile, path).bytes;
   log_gemm_config(d, path, tile);

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <string>
 
 #include "gemm_tiling.h"
 
@@ -185,27 +184,7 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   // varlen K too: the launch pairs the problems pairs_weight_gradient allows and runs the others unpaired.
   CHECK(choose_gemm_path_or_override(wgrad, 9, 0) == GemmPath::wgmma_pair);
   CHECK(choose_gemm_path_or_override(other, 9, 0) == GemmPath::mma_sync);
-  // wgmma_pingpong: varlen-M STORE / BIAS with A not gathered, on 128x192 tiles; the rest as "wgmma".
-  CHECK(moekit::pingpong_capable(down, 9, 0));
-  CHECK(!moekit::pingpong_capable(down, 8, 0));
-  CHECK(!moekit::pingpong_capable(up, 9, 0));
-  CHECK(!moekit::pingpong_capable(wgrad, 9, 0));
-  moekit_gemm_desc_t gathered_down = down;
-  gathered_down.gather = MOEKIT_GEMM_GATHER_A;
-  CHECK(!moekit::pingpong_capable(gathered_down, 9, 0));
-  setenv("MOEKIT_GEMM_PATH", "wgmma_pingpong", 1);
-  CHECK(choose_gemm_path_or_override(down, 9, 0) == GemmPath::wgmma_pingpong);
-  CHECK(choose_gemm_path_or_override(dxe, 9, 0) == GemmPath::mma_sync);  // n = 4104: not wgmma-capable
-  CHECK(choose_gemm_path_or_override(gathered_down, 9, 0) == GemmPath::wgmma);
-  CHECK(choose_gemm_path_or_override(up, 9, 0) == GemmPath::wgmma);
-  CHECK(choose_gemm_path_or_override(wgrad, 9, 0) == GemmPath::wgmma);
-  CHECK(choose_gemm_path_or_override(other, 9, 0) == GemmPath::mma_sync);
   unsetenv("MOEKIT_GEMM_PATH");
-  CHECK(moekit::gemm_tile_for_path(GemmTile::m128_n256, GemmPath::wgmma_pingpong) == GemmTile::m128_n192);
-  CHECK(moekit::gemm_tile_for_path(GemmTile::m128_n256, GemmPath::wgmma) == GemmTile::m128_n256);
-  CHECK(moekit::gemm_tile_shape(GemmTile::m128_n192).bn == 192);
-  CHECK(std::string(moekit::gemm_tile_name(GemmTile::m128_n192)) == "128x192");
-  CHECK(moekit::gemm_workspace_layout(down, GemmTile::m128_n192, GemmPath::wgmma_pingpong).n_tiles == 22);
 
   // wgmma_pair pads the row tiles to an even count: one more tile.
   const moekit::GemmWorkspaceLayout single = moekit::gemm_workspace_layout(up, GemmTile::m128_n256, GemmPath::wgmma);
@@ -216,8 +195,8 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   CHECK(paired.m_tiles == single.m_tiles + 1);
   CHECK(paired.bytes >= single.bytes);
 
-  for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128, GemmTile::m128_n192})
-    for (GemmPath path : {GemmPath::mma_sync, GemmPath::wgmma, GemmPath::wgmma_pingpong}) {
+  for (GemmTile tile : {GemmTile::m128_n256, GemmTile::m128_n128})
+    for (GemmPath path : {GemmPath::mma_sync, GemmPath::wgmma}) {
       CHECK(gemm_config_tile(gemm_kernel_config(tile, path)) == tile);
       CHECK(gemm_config_path(gemm_kernel_config(tile, path)) == path);
     }
