@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
@@ -54,6 +55,43 @@ static_assert(combine_token_threads(1, 1) == 1 && combine_token_threads(25, 1) =
                   combine_token_threads(192, 4) == 64,
               "token groups: powers of two below a warp, whole warps up to a block");
 
+// Where a thread is in its walk over tokens. One step is one batch of row loads: pairs first .. first +
+// pairs_in_flight - 1 of `token`, in the thread's vectors first_vector, first_vector + token_threads, ... A token
+// without pairs still takes one step, which writes its output (beta * out, or 0).
+// NOTE: token and pair indices are 32-bit (capi keeps T and P in the int32 range of the index tensors; a token past
+// the end stays below 2^32): with 64-bit ones the many-pairs thread no longer fit its 80 registers with all loads
+// of a step in flight. Element offsets stay 64-bit.
+struct CombineStep {
+  uint32_t token;  // >= problem.tokens: the walk is over
+  int64_t first_vector;
+  int32_t first, begin, end;  // the step's first pair; the token's pairs are [begin, end)
+};
+
+// Moves `step` to `token`'s first pair in the thread's first vectors.
+__device__ __forceinline__ void combine_enter_token(CombineStep& step, const CombineProblem& problem, uint32_t token,
+                                                    int lane) {
+  step.token = token;
+  step.first_vector = lane;
+  if (problem.top_k > 0) {
+    step.begin = static_cast<int32_t>(token * static_cast<uint32_t>(problem.top_k));
+    step.end = static_cast<int32_t>(step.begin + problem.top_k);
+  } else {
+    step.begin = token < problem.tokens ? __ldg(problem.tok_offsets + token) : 0;
+    step.end = token < problem.tokens ? __ldg(problem.tok_offsets + token + 1) : 0;
+  }
+  step.first = step.begin;
+}
+
+// The step's grouped rows, -1 past the token's pairs and past the end of the walk.
+template <int pairs_in_flight>
+__device__ __forceinline__ void combine_load_positions(const CombineStep& step, const CombineProblem& problem,
+                                                       int32_t (&pos)[pairs_in_flight]) {
+#pragma unroll
+  for (int u = 0; u < pairs_in_flight; ++u)
+    pos[u] = step.token < problem.tokens && u < step.end - step.first ? __ldg(problem.grouped_pos + step.first + u)
+                                                                       : -1;
+}
+
 template <class T, class Variant>
 __global__ void __launch_bounds__(combine_block_threads, Variant::min_blocks)
     combine_kernel(CombineProblem problem, int token_threads) {
@@ -61,96 +99,137 @@ __global__ void __launch_bounds__(combine_block_threads, Variant::min_blocks)
   constexpr int lanes = Vec16<T>::size;
   constexpr int pairs_in_flight = Variant::pairs_in_flight, vectors_per_thread = Variant::vectors_per_thread;
 
-  // NOTE: a block of one token (a group of more than 128 threads) skips the divisions: with them H = 4096 ran ~1%
-  // slower.
-  const bool one_token = static_cast<int>(blockDim.x) == token_threads;
   const auto thread = static_cast<int>(threadIdx.x);
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * (one_token ? 1 : blockDim.x / token_threads) +
-                        (one_token ? 0 : thread / token_threads);
-  if (token >= problem.tokens) return;
-  const int lane = one_token ? thread : thread % token_threads;
-
-  int64_t begin, end;
-  if (problem.top_k > 0) {
-    begin = token * problem.top_k;
-    end = begin + problem.top_k;
-  } else {
-    begin = problem.tok_offsets[token];
-    end = problem.tok_offsets[token + 1];
-  }
-  // The weight of pair p is weights[p - begin].
-  const float* weights = nullptr;
-  if (problem.scores != nullptr)
-    weights = problem.top_k > 0 ? problem.scores + token * problem.score_stride : problem.scores + begin;
-
-  const T* grouped = static_cast<const T*>(problem.grouped);
-  T* out = static_cast<T*>(problem.out) + token * problem.out_stride;
+  const int groups_per_block = static_cast<int>(blockDim.x) / token_threads;
+  const int lane = thread % token_threads;
+  const uint32_t first_token = blockIdx.x * groups_per_block + thread / token_threads;
+  if (first_token >= problem.tokens) return;
+  // All groups step by the grid's group count, so at any moment neighbouring groups hold neighbouring tokens.
+  const uint32_t token_stride = gridDim.x * groups_per_block;
   const int64_t vectors = problem.hidden / lanes;
-
   // The thread's vectors of one step are token_threads apart, so each load instruction of a warp reads adjacent
   // 16-byte vectors.
-  for (int64_t first_vector = lane; first_vector < vectors; first_vector += vectors_per_thread * token_threads) {
-    float sum[vectors_per_thread][lanes];
-#pragma unroll
-    for (int i = 0; i < vectors_per_thread; ++i)
-#pragma unroll
-      for (int j = 0; j < lanes; ++j) sum[i][j] = 0.0f;
+  const int64_t vector_stride = static_cast<int64_t>(vectors_per_thread) * token_threads;
+  const T* grouped = static_cast<const T*>(problem.grouped);
 
-    for (int64_t first = begin; first < end; first += pairs_in_flight) {
-      int32_t pos[pairs_in_flight];
-      float w[pairs_in_flight];
+  CombineStep step;
+  combine_enter_token(step, problem, first_token, lane);
+  int32_t pos[pairs_in_flight];
+  combine_load_positions(step, problem, pos);
+  float sum[vectors_per_thread][lanes];
 #pragma unroll
-      for (int u = 0; u < pairs_in_flight; ++u) {
-        const int64_t p = first + u;
-        pos[u] = p < end ? __ldg(problem.grouped_pos + p) : -1;
-        w[u] = pos[u] < 0 ? 0.0f : weights != nullptr ? __ldg(weights + (p - begin)) : 1.0f;
-      }
-      // NOTE: a dropped pair's row is never read (it may hold anything, NaN included); it adds 0 * 0.
-      Vec16<T> rows[pairs_in_flight][vectors_per_thread];
+  for (int i = 0; i < vectors_per_thread; ++i)
+#pragma unroll
+    for (int j = 0; j < lanes; ++j) sum[i][j] = 0.0f;
+
+  // NOTE: the order below is what keeps the many-pairs thread within 80 registers with its 8 row loads and the
+  // next step's 8 position loads all issued before it waits on any (checked in the SASS, cuobjdump -sass): the
+  // weights go out first, with this step's rows rather than a step ahead (they are not on the critical path, and
+  // 8 more registers made ptxas hold back row loads until the first rows had arrived), and the step is advanced
+  // before the rows are loaded, so only its token and first vector are kept for the store.
+  do {
+    float w[pairs_in_flight];
+    {
+      // The weight of pair first + u is weights[u]: scores[token, first + u - begin], or scores[first + u].
+      const float* weights = nullptr;
+      if (problem.scores != nullptr)
+        weights = problem.scores + step.first +
+                  (problem.top_k > 0 ? static_cast<int64_t>(step.token) * problem.score_stride - step.begin : 0);
 #pragma unroll
       for (int u = 0; u < pairs_in_flight; ++u)
+        w[u] = pos[u] < 0 ? 0.0f : weights != nullptr ? __ldg(weights + u) : 1.0f;
+    }
+    const uint32_t token = step.token;
+    const int64_t first_vector = step.first_vector;
+    const bool sums_done = step.end - step.first <= pairs_in_flight;
+
+    // The next step: the token's next pairs, else its next vectors, else the thread's next token. Its positions
+    // go out together with this step's rows, so a step costs one memory round trip (its rows), not two (its
+    // positions, then its rows). Variable top-k's next token first reads its tok_offsets, which the positions wait
+    // for.
+    if (!sums_done) {
+      step.first += pairs_in_flight;
+    } else if (step.first_vector + vector_stride < vectors) {
+      step.first_vector += vector_stride;
+      step.first = step.begin;
+    } else {
+      combine_enter_token(step, problem, step.token + token_stride, lane);
+    }
+    int32_t next_pos[pairs_in_flight];
+    combine_load_positions(step, problem, next_pos);
+
+    // NOTE: raw words, not Vec16<T>: a Vec16 of 16-bit values chosen against zero took a byte permute per value
+    // and more registers (the bf16 many-pairs kernel spilled). A dropped pair's row is never read (it may hold
+    // anything, NaN included); it adds 0 * 0.
+    uint4 rows[pairs_in_flight][vectors_per_thread];
 #pragma unroll
-        for (int i = 0; i < vectors_per_thread; ++i) {
-          const int64_t v = first_vector + i * token_threads;
-          rows[u][i] = pos[u] >= 0 && v < vectors
-                           ? load16(grouped + static_cast<int64_t>(pos[u]) * problem.grouped_stride + v * lanes)
-                           : Vec16<T>{};
+    for (int u = 0; u < pairs_in_flight; ++u)
+#pragma unroll
+      for (int i = 0; i < vectors_per_thread; ++i) {
+        const int64_t v = first_vector + i * token_threads;
+        rows[u][i] = pos[u] >= 0 && v < vectors
+                         ? *reinterpret_cast<const uint4*>(grouped + static_cast<int64_t>(pos[u]) *
+                                                                         problem.grouped_stride + v * lanes)
+                         : make_uint4(0, 0, 0, 0);
+      }
+    // Ascending p, as SPEC section 3 step 4 orders the sum; values 2k and 2k + 1 of a row vector are word k.
+#pragma unroll
+    for (int u = 0; u < pairs_in_flight; ++u)
+#pragma unroll
+      for (int i = 0; i < vectors_per_thread; ++i) {
+        const uint32_t words[lanes / 2] = {rows[u][i].x, rows[u][i].y, rows[u][i].z, rows[u][i].w};
+#pragma unroll
+        for (int k = 0; k < lanes / 2; ++k) {
+          const float2 values = unpack_pair<T>(words[k]);
+          sum[i][2 * k] = fmaf(w[u], values.x, sum[i][2 * k]);
+          sum[i][2 * k + 1] = fmaf(w[u], values.y, sum[i][2 * k + 1]);
         }
-      // Ascending p, as SPEC section 3 step 4 orders the sum.
+      }
+
+    if (sums_done) {
 #pragma unroll
-      for (int u = 0; u < pairs_in_flight; ++u)
+      for (int i = 0; i < vectors_per_thread; ++i) {
+        const int64_t v = first_vector + i * token_threads;
+        if (v < vectors) {
+          T* const at = static_cast<T*>(problem.out) + static_cast<int64_t>(token) * problem.out_stride + v * lanes;
+          Vec16<T> result;
+          if (problem.beta != 0.0f) {
+            const Vec16<T> old = load16(at);
 #pragma unroll
-        for (int i = 0; i < vectors_per_thread; ++i)
+            for (int j = 0; j < lanes; ++j)
+              result.v[j] = from_float<T>(fmaf(problem.beta, to_float(old.v[j]), sum[i][j]));
+          } else {
 #pragma unroll
-          for (int j = 0; j < lanes; ++j) sum[i][j] = fmaf(w[u], to_float(rows[u][i].v[j]), sum[i][j]);
+            for (int j = 0; j < lanes; ++j) result.v[j] = from_float<T>(sum[i][j]);
+          }
+          store16(at, result);
+        }
+#pragma unroll
+        for (int j = 0; j < lanes; ++j) sum[i][j] = 0.0f;
+      }
     }
 
 #pragma unroll
-    for (int i = 0; i < vectors_per_thread; ++i) {
-      const int64_t column = (first_vector + i * token_threads) * lanes;
-      if (column >= problem.hidden) break;
-      Vec16<T> result;
-      if (problem.beta != 0.0f) {
-        const Vec16<T> old = load16(out + column);
-#pragma unroll
-        for (int j = 0; j < lanes; ++j) result.v[j] = from_float<T>(fmaf(problem.beta, to_float(old.v[j]), sum[i][j]));
-      } else {
-#pragma unroll
-        for (int j = 0; j < lanes; ++j) result.v[j] = from_float<T>(sum[i][j]);
-      }
-      store16(out + column, result);
-    }
-  }
+    for (int u = 0; u < pairs_in_flight; ++u) pos[u] = next_pos[u];
+  } while (step.token < problem.tokens);
 }
 
+// At most as many blocks as the device holds at once: the token groups walk the rest.
 template <class T, class Variant>
 void launch_combine(const CombineProblem& problem, cudaStream_t stream) {
   if (problem.tokens == 0) return;
   const int64_t token_threads = combine_token_threads(problem.hidden / Vec16<T>::size, Variant::vectors_per_thread);
-  const int64_t tokens_per_block = combine_block_threads / token_threads;
-  const int64_t blocks = (problem.tokens + tokens_per_block - 1) / tokens_per_block;
-  combine_kernel<T, Variant><<<static_cast<unsigned>(blocks), static_cast<unsigned>(tokens_per_block * token_threads),
-                               0, stream>>>(problem, static_cast<int>(token_threads));
+  const int64_t groups_per_block = combine_block_threads / token_threads;
+  const int block_threads = static_cast<int>(groups_per_block * token_threads);
+  int device = 0, sm_count = 0, resident = 0;
+  check_cuda(cudaGetDevice(&device), "combine: device");
+  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "combine: SM count");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, combine_kernel<T, Variant>, block_threads, 0),
+             "combine: occupancy");
+  const int64_t blocks = std::min((problem.tokens + groups_per_block - 1) / groups_per_block,
+                                  static_cast<int64_t>(sm_count) * resident);
+  combine_kernel<T, Variant><<<static_cast<unsigned>(blocks), static_cast<unsigned>(block_threads), 0, stream>>>(
+      problem, static_cast<int>(token_threads));
   check_launch("combine kernel");
 }
 

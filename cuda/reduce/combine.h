@@ -12,8 +12,14 @@
 // (H = 1536: one group of 192 — a power-of-two group had left a quarter of its threads idle); each thread owns
 // whole 16-byte column vectors of the token's output row, keeps their 8 fp32 sums in registers and issues 8 row
 // loads before it multiplies any of them (8 pairs' rows of one vector, or at top-k 1 to 4 two pairs' rows of 4
-// vectors, token groups then a quarter as wide), so many loads are in flight. Every output element has
-// exactly one writer and a fixed summation order: the result is the same bits on every run and stream.
+// vectors, token groups then a quarter as wide), so many loads are in flight. The grid holds only as many blocks
+// as are resident at once (fewer if the tokens need fewer), and each group walks tokens a grid's worth of groups
+// apart, so neighbouring groups still read neighbouring tokens. Walking lets a thread load the grouped positions
+// of its next step (the token's next pairs or vectors, or its next token) while the current rows are in flight, so
+// a fixed top-k token costs one memory round trip rather than two (positions, then rows): a thread that combined a
+// single token had nothing to overlap its position loads with (K = 8, H = 768 ran at 85% of the copy bandwidth).
+// Every output element has exactly one writer and a fixed summation order: the result is the same bits on every
+// run and stream.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -458,6 +458,22 @@ TEST_CASE("combine matches the reference at T = 32768", "[gpu][reduce][combine]"
   check_combine(handles, in);
 }
 
+// The combine's grid holds only the blocks resident at once (cuda/reduce/combine.cuh; with 132 SMs 396 many-pairs or
+// 264 few-pairs blocks of 256 threads), so here each token group walks several tokens, and each token takes several
+// steps: many pairs over two vector steps (H = 2056: 257 vectors in 256 threads, ~10 tokens per group), few pairs
+// over two vector steps of two pair chunks each (K = 3, H = 8200: 1025 vectors, 4 per thread, ~4 tokens per group)
+// and few pairs with 64 groups per block (K = 2, H = 128, ~2 tokens per group).
+TEST_CASE("combine walks several tokens per token group, several steps per token", "[gpu][reduce][combine]") {
+  Handles handles;
+  std::mt19937_64 rng(306);
+  const auto [tokens, top_k, hidden] =
+      GENERATE(table<int64_t, int64_t, int64_t>({{4096, 8, 2056}, {1027, 3, 8200}, {32768, 2, 128}}));
+  const double beta = GENERATE(0.0, 1.0);
+  INFO("T " << tokens << " K " << top_k << " H " << hidden << " beta " << beta);
+  CombineInputs in = combine_inputs(rng, MOEKIT_DTYPE_BF16, tokens, top_k, hidden, {}, 0.1, true, beta);
+  check_combine(handles, in);
+}
+
 // Token groups of every kind combine_token_threads makes (cuda/reduce/combine.cuh), for both kernel variants. Many
 // pairs (K = 8, one vector per thread): whole warps that are not a power of two (H = 1536: 192 threads, one token
 // per block; H = 768: 96, two per block), a partial last warp (H = 776: 97 vectors in 128 threads) and a power of
