@@ -32,12 +32,8 @@ namespace {
 constexpr int kLanes = 32;
 constexpr unsigned kFullMask = 0xffffffffu;
 constexpr int kWarpPairs = kLanes * kDispatchItemsPerLane;  // consecutive pairs one warp owns in a chunk
-// The prefix kernel: a block takes 32 experts (one per lane) and splits the chunks among its warps; a warp keeps up
-// to kPrefixHeld of its counts in registers between its two passes.
-// NOTE: with 8 warps and its counts read again in the second pass, each warp walked 20 chunks at P = 327680 in two
-// chains of dependent L2 round trips (its stores kept the compiler from issuing the next loads early): ~12 us.
-constexpr int kPrefixWarps = 32;
-constexpr int kPrefixHeld = 8;
+// The prefix kernel: a block takes 32 experts (one per lane) and splits the chunks among its warps.
+constexpr int kPrefixWarps = 8;
 
 static_assert(kDispatchMaxWarps * kWarpPairs <= 65535,
               "the scatter kernel's 16-bit per-warp counters must hold a whole chunk's pairs");
@@ -99,38 +95,20 @@ __global__ void __launch_bounds__(kPrefixWarps * kLanes)
   const int c_begin = min(chunks, warp * per_warp);
   const int c_end = min(chunks, c_begin + per_warp);
 
-  // A slice of at most kPrefixHeld chunks is loaded once, all loads in flight together, and kept in registers.
-  const bool held = c_end - c_begin <= kPrefixHeld;
-  int32_t values[kPrefixHeld];
   int32_t sum = 0;
-  if (active && held) {
-#pragma unroll
-    for (int i = 0; i < kPrefixHeld; ++i)
-      values[i] = c_begin + i < c_end ? counts[static_cast<int64_t>(c_begin + i) * experts + e] : 0;
-#pragma unroll
-    for (int i = 0; i < kPrefixHeld; ++i) sum += values[i];
-  } else if (active) {
+  if (active)
     for (int c = c_begin; c < c_end; ++c) sum += counts[static_cast<int64_t>(c) * experts + e];
-  }
   slice_sums[warp][lane] = sum;
   __syncthreads();
 
   int32_t run = 0;
   for (int w = 0; w < warp; ++w) run += slice_sums[w][lane];
   if (active) {
-    if (held) {
-#pragma unroll
-      for (int i = 0; i < kPrefixHeld; ++i) {
-        if (c_begin + i < c_end) counts[static_cast<int64_t>(c_begin + i) * experts + e] = run;
-        run += values[i];
-      }
-    } else {
-      for (int c = c_begin; c < c_end; ++c) {
-        int32_t* cell = counts + static_cast<int64_t>(c) * experts + e;
-        int32_t v = *cell;
-        *cell = run;
-        run += v;
-      }
+    for (int c = c_begin; c < c_end; ++c) {
+      int32_t* cell = counts + static_cast<int64_t>(c) * experts + e;
+      int32_t v = *cell;
+      *cell = run;
+      run += v;
     }
     if (warp == kPrefixWarps - 1) totals[e] = run;
   }
