@@ -20,9 +20,6 @@ namespace {
 
 constexpr int kListThreads = 1024;
 constexpr int kLanes = 32;
-// Groups whose tile starts build_row_tiles_kernel also keeps in shared memory (16 KiB), where its tile walk
-// searches them: in global memory each of a search's ~7 dependent steps waited on L2, most of the kernel's ~6 us.
-constexpr int64_t kSharedStarts = 4096;
 
 // Group e's rows [lo, hi), the offsets clamped to the call's rows (so a bad offsets tensor cannot send a tile
 // outside the operands).
@@ -41,8 +38,6 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
                                                                        int4* tile_list) {
   __shared__ int32_t warp_totals[kListThreads / kLanes];
   __shared__ int32_t carry;
-  __shared__ int32_t shared_starts[kSharedStarts];
-  const bool starts_in_shared = groups < kSharedStarts;
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kLanes, warp = tid / kLanes;
   if (tid == 0) carry = 0;
   __syncthreads();
@@ -73,10 +68,7 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
     }
     __syncthreads();
     const int32_t before = (warp > 0 ? warp_totals[warp - 1] : 0) + inclusive - tiles;
-    if (e < groups) {
-      tile_starts[e] = carry + before;
-      if (starts_in_shared) shared_starts[e] = carry + before;
-    }
+    if (e < groups) tile_starts[e] = carry + before;
     __syncthreads();
     if (tid == 0) carry += warp_totals[kListThreads / kLanes - 1];
     __syncthreads();
@@ -87,20 +79,19 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
     *tile_count = static_cast<int32_t>(total);
   }
   __syncthreads();  // tile_starts is complete and visible to the whole block
-  const int32_t* starts = starts_in_shared ? shared_starts : tile_starts;
   for (int64_t t = tid; t < total; t += kListThreads) {
     // The last group whose first tile is <= t (empty groups share their successor's start and are skipped).
     int64_t lo_e = 0, hi_e = groups - 1;
     while (lo_e < hi_e) {
       const int64_t mid = (lo_e + hi_e + 1) / 2;
-      if (starts[mid] <= t)
+      if (tile_starts[mid] <= t)
         lo_e = mid;
       else
         hi_e = mid - 1;
     }
     int64_t lo, hi;
     group_rows(offsets, lo_e, rows, lo, hi);
-    const int64_t first = min(lo + (t - starts[lo_e]) * bm, hi);  // the pad entry: empty, first = end
+    const int64_t first = min(lo + (t - tile_starts[lo_e]) * bm, hi);  // the pad entry: empty, first = end
     tile_list[t] = make_int4(static_cast<int>(lo_e), static_cast<int>(first), static_cast<int>(hi), 0);
   }
 }
