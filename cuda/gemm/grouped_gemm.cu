@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/gemm/grouped_gemm_wgmma.h"
 #include "error.h"
@@ -38,6 +39,8 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
                                                                        int4* tile_list) {
   __shared__ int32_t warp_totals[kListThreads / kLanes];
   __shared__ int32_t carry;
+  // The tile kernel after it is a programmatic dependent that waits for this kernel's end: its CTAs may start now.
+  allow_next_grid();
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kLanes, warp = tid / kLanes;
   if (tid == 0) carry = 0;
   __syncthreads();

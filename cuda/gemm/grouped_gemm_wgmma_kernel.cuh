@@ -44,6 +44,7 @@
 
 #include "cuda/common/cp_async.cuh"
 #include "cuda/common/cuda_check.h"
+#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/mbarrier.cuh"
 #include "cuda/common/stmatrix.cuh"
 #include "cuda/common/tma.cuh"
@@ -756,6 +757,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     if (a_by_tma) tma_prefetch_descriptor(&maps.a);
     if (dgated) tma_prefetch_descriptor(&maps.h);
   }
+  // Launched as a programmatic dependent (launch_wgmma_tiles): everything above overlapped the previous kernel (on
+  // the varlen-M path the row-tile list's build); every read of the operands, offsets and tile list comes after.
+  wait_for_previous_grid();
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
     cluster_sync();
@@ -1022,25 +1026,29 @@ void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& map
   auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Activated>;
   check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Cfg::shared_bytes),
              "grouped GEMM (wgmma): shared memory opt-in");
-  if (!paired) {
-    const int64_t blocks = bound < sm_count ? bound : sm_count;
-    kernel<<<static_cast<unsigned>(blocks), Cfg::threads, Cfg::shared_bytes, stream>>>(p, maps);
-    check_launch("grouped GEMM (wgmma): tile kernel");
-    return;
-  }
-  // Clusters of 2 along the row tiles: as many as can be resident at once (a GPC's SMs pair up), at most one
-  // per pair of row tiles and column tile.
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
+  // A programmatic dependent of the previous kernel (the kernel waits for it before reading anything): its CTAs'
+  // launch and set-up overlap that kernel's end.
+  cudaLaunchAttribute attributes[2]{};
+  attributes[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attributes[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t config{};
   config.blockDim = dim3(Cfg::threads);
   config.dynamicSmemBytes = Cfg::shared_bytes;
   config.stream = stream;
-  config.attrs = &cluster;
+  config.attrs = attributes;
   config.numAttrs = 1;
+  if (!paired) {
+    config.gridDim = dim3(static_cast<unsigned>(bound < sm_count ? bound : sm_count));
+    check_cuda(cudaLaunchKernelEx(&config, kernel, p, maps), "grouped GEMM (wgmma): tile kernel");
+    return;
+  }
+  // Clusters of 2 along the row tiles: as many as can be resident at once (a GPC's SMs pair up), at most one
+  // per pair of row tiles and column tile.
+  attributes[1].id = cudaLaunchAttributeClusterDimension;
+  attributes[1].val.clusterDim.x = 2;
+  attributes[1].val.clusterDim.y = 1;
+  attributes[1].val.clusterDim.z = 1;
+  config.numAttrs = 2;
   config.gridDim = dim3(static_cast<unsigned>(sm_count / 2 * 2));
   int resident = 0;
   check_cuda(cudaOccupancyMaxActiveClusters(&resident, kernel, &config), "grouped GEMM (wgmma): cluster occupancy");
