@@ -65,7 +65,8 @@ CUtensorMap make_gated_act_tensor_map(const GroupedGemmProblem& p);
 // The TMA map of DGATED's h [rows, h width] (gate and up, or z), as rank 3 (h width, rows, 1): boxes of 64 columns x
 // a whole row tile in the 128-byte swizzle, zeros past the last row. The producer loads the epilogue's h through it.
 CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
-// Enqueues the persistent wgmma tile kernel: varlen M over the row-tile list run_grouped_gemm built, varlen K over
+// Enqueues the persistent wgmma tile kernel, a programmatic dependent of the kernel before it on `stream` (it waits
+// for that kernel before reading anything): varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M: a tile list padded to an
 // even count; varlen K: pairs_weight_gradient) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by
 // multicast within a group.
