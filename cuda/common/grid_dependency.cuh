@@ -5,12 +5,6 @@
 // allow_next_grid(). Both are no-ops for a kernel launched without the attribute.
 #pragma once
 
-#include <cuda_runtime.h>
-
-#include <cstddef>
-
-#include "cuda/common/cuda_check.h"
-
 namespace moekit {
 inline namespace v0 {
 namespace cuda {
@@ -18,24 +12,6 @@ namespace cuda {
 __device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 __device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" :::); }
-
-// Launches `kernel` as a programmatic dependent of the previous kernel on `stream` (it calls
-// wait_for_previous_grid() before reading anything an earlier kernel writes); `name` names the launch in errors.
-template <class... Params, class... Args>
-void launch_dependent(void (*kernel)(Params...), unsigned blocks, int threads, size_t shared_bytes,
-                      cudaStream_t stream, const char* name, Args... args) {
-  cudaLaunchAttribute attribute{};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(blocks);
-  config.blockDim = dim3(static_cast<unsigned>(threads));
-  config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), name);
-}
 
 }  // namespace cuda
 }  // namespace v0

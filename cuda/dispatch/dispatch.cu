@@ -171,8 +171,6 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
   const int lane = lane_id();
   const int warp = warp_id();
 
-  // The next kernel, if it is a programmatic dependent (the grouped GEMM's row-tile list), waits for this one.
-  allow_next_grid();
   for (int i = threadIdx.x; i < warps * experts; i += blockDim.x) warp_counts[i] = 0;
   __syncthreads();
 
@@ -236,6 +234,24 @@ __global__ void scatter_ranked_pairs(DispatchProblem pr, int64_t chunk_pairs,
     pr.pair_idx[position] = static_cast<int32_t>(p);
     pr.grouped_pos[p] = position;
   }
+}
+
+// Launches `kernel` as a programmatic dependent of the previous kernel on `stream` (it calls
+// wait_for_previous_grid() before reading that kernel's results).
+template <class... Params, class... Args>
+void launch_dependent(void (*kernel)(Params...), unsigned blocks, int threads, size_t shared_bytes,
+                      cudaStream_t stream, const char* name, Args... args) {
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(blocks);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&config, kernel, args...), name);
 }
 
 void allow_shared_bytes(const void* kernel, size_t bytes) {

@@ -41,8 +41,6 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
   __shared__ int32_t carry;
   // The tile kernel after it is a programmatic dependent that waits for this kernel's end: its CTAs may start now.
   allow_next_grid();
-  // This kernel is one too (run_grouped_gemm): the offsets come from an earlier kernel.
-  wait_for_previous_grid();
   const int tid = static_cast<int>(threadIdx.x), lane = tid % kLanes, warp = tid / kLanes;
   if (tid == 0) carry = 0;
   __syncthreads();
@@ -207,9 +205,10 @@ void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const 
     p.tile_starts = reinterpret_cast<int32_t*>(base + layout.tile_starts);
     p.tile_list = reinterpret_cast<int32_t*>(base + layout.tile_list);
     if (p.epilogue == MOEKIT_EPILOGUE_DGATED) p.ds_partials = reinterpret_cast<float*>(base + layout.ds_partials);
-    launch_dependent(build_row_tiles_kernel, 1, kListThreads, 0, stream, "grouped GEMM: row tile list", p.offsets,
-                     p.groups, p.rows, gemm_tile_shape(tile).bm, layout.pair_tiles, p.m_tiles, p.tile_count,
-                     p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
+    build_row_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.offsets, p.groups, p.rows, gemm_tile_shape(tile).bm,
+                                                           layout.pair_tiles, p.m_tiles, p.tile_count,
+                                                           p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
+    check_launch("grouped GEMM: row tile list");
   }
   if ((path == GemmPath::wgmma || path == GemmPath::wgmma_pair) && (varlen_m || varlen_k_strides_fit(p))) {
     launch_wgmma(p, tile, path == GemmPath::wgmma_pair, stream);

@@ -760,8 +760,6 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   // Launched as a programmatic dependent (launch_wgmma_tiles): everything above overlapped the previous kernel (on
   // the varlen-M path the row-tile list's build); every read of the operands, offsets and tile list comes after.
   wait_for_previous_grid();
-  // The next kernel, if it is a programmatic dependent, may place its blocks on the SMs this kernel's CTAs leave.
-  allow_next_grid();
   // Paired: the peer's barriers must be initialised before anything multicasts or arrives there.
   if (paired)
     cluster_sync();

@@ -14,7 +14,6 @@
 #include <cstdint>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/common/grid_dependency.cuh"
 #include "cuda/common/storage.cuh"
 #include "cuda/reduce/combine.h"
 
@@ -100,8 +99,6 @@ __global__ void __launch_bounds__(combine_block_threads, Variant::min_blocks)
   constexpr int lanes = Vec16<T>::size;
   constexpr int pairs_in_flight = Variant::pairs_in_flight, vectors_per_thread = Variant::vectors_per_thread;
 
-  // Launched as a programmatic dependent (launch_combine): the rows come from an earlier kernel.
-  wait_for_previous_grid();
   const auto thread = static_cast<int>(threadIdx.x);
   const int groups_per_block = static_cast<int>(blockDim.x) / token_threads;
   const int lane = thread % token_threads;
@@ -231,8 +228,9 @@ void launch_combine(const CombineProblem& problem, cudaStream_t stream) {
              "combine: occupancy");
   const int64_t blocks = std::min((problem.tokens + groups_per_block - 1) / groups_per_block,
                                   static_cast<int64_t>(sm_count) * resident);
-  launch_dependent(combine_kernel<T, Variant>, static_cast<unsigned>(blocks), block_threads, 0, stream,
-                   "combine kernel", problem, static_cast<int>(token_threads));
+  combine_kernel<T, Variant><<<static_cast<unsigned>(blocks), static_cast<unsigned>(block_threads), 0, stream>>>(
+      problem, static_cast<int>(token_threads));
+  check_launch("combine kernel");
 }
 
 }  // namespace reduce
