@@ -1,8 +1,8 @@
 // Timing of the CUDA token reductions through the C ABI (moekit_time_reduce): combine and the broadcast backward at
 // T = 32768, K = 8, H = 4096 (random routing over E = 128 experts, every pair valid), the combine also at (T, H) =
 // (24576, 1536) and (40960, 768) with K = 8, 4 and 2, db1 at E = 128, 2I = 2048 over the same P = 262144 grouped
-// rows, db2 + ds at H = 4096. Prints the median/min/max time per call, the GB/s the minimum bytes give at the median, and the
-// percentage of the device-copy ceiling measured in the same run.
+// rows, db2 + ds at H = 4096. Prints the median/min/max time per call, the GB/s the minimum bytes give at the
+// median, and the percentage of the device-copy ceiling measured in the same run.
 // Minimum bytes: every input byte read once and every output byte written once (y or dh rows, the gathered dout
 // rows of each pair, index and score tensors), nothing for the workspace.
 // NOTE: db2 + ds reads each token's dout row once per pair (K times); rows that blocks running at the same time
