@@ -595,6 +595,87 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
   }
 }
 
+// Varlen M's STORE by TMA, half deferred (the kernel's STORE and BIAS instantiation): after a tile's main loop each
+// consumer stores the first half of its boxes at once and keeps the second half's values alpha product, rounded to
+// T, in `words` (a quarter of the accumulators' registers), to put in and store one box per reduction slice of the
+// next tile's main loop, between issuing the slice's wgmma and waiting on it. So no box waits in the epilogue for
+// the store two boxes before to read its buffer (ncu at k = 256: the epilogue was 39% of the consumers' samples,
+// its named-barrier waits behind those reads 11%); those waits fall under the tensor cores' work. The bits are
+// store_tile_by_tma's. Kept boxes the main loop leaves (fewer slices than boxes), and the last tile's, are stored
+// after it (flush).
+template <class T, class Cfg>
+struct DeferredStore {
+  static constexpr int box_count = Cfg::bn / 64, first_kept = box_count / 2;
+  // NOTE: keeping every box's words (half the accumulators) spilled 22 registers, whose reloads per box doubled as
+  // L2 traffic (ncu: the main loop's waits on `full` rose from 14% to 24% of its samples, 0.91-0.99x).
+  uint32_t words[16 * (box_count - first_kept)];  // kept box b: word 16 (b - first_kept) + 2 i + half
+  int boxes = 0;                                  // the tile's boxes inside C
+  int next = 0;                                   // the next kept box to store (boxes: none left)
+  int32_t x0 = 0, y = 0;                          // C's column of the tile's first box and row of its first row
+  uint32_t sequence = 0;                          // boxes stored so far: buffer sequence % 2 (epilogue_box_by_tma)
+
+  // Puts box `box` in (its 32-bit words word(i, half) of 8-column block i of the box) and stores it.
+  template <class Word>
+  __device__ __forceinline__ void put(const CUtensorMap* map, unsigned char* buffers, int box, int consumer,
+                                      int wg_tid, Word&& word) {
+    const uint32_t lane_offset = accumulator_box_offset<sizeof(T)>(wg_tid);
+    const auto fill = [&](uint32_t buffer_address) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, static_cast<uint32_t>(i) << 4,
+                               word(i, half));
+    };
+    const auto store = [&](uint32_t buffer_address) { tma_store_3d(map, buffer_address, x0 + 64 * box, y, 0); };
+    epilogue_box_by_tma(buffers, static_cast<int>(sequence % 2), consumer, wg_tid, fill, store);
+    ++sequence;
+  }
+
+  // The tile's epilogue: its first boxes stored, the rest kept.
+  __device__ __forceinline__ void take(const GroupedGemmProblem& p, const CUtensorMap* map,
+                                       const float (&acc)[Cfg::bn / 2], const WgmmaTile& t, unsigned char* buffers,
+                                       int consumer, int wg_tid) {
+    const int64_t n0 = t.n_tile * Cfg::bn;
+    boxes = static_cast<int>(min(p.n - n0, static_cast<int64_t>(Cfg::bn)) / 64);
+    x0 = static_cast<int32_t>(n0);
+    y = static_cast<int32_t>(t.m0 + 64 * consumer);
+#pragma unroll
+    for (int box = 0; box < first_kept; ++box) {
+      if (box >= boxes) break;
+      put(map, buffers, box, consumer, wg_tid,
+          [&](int i, int half) { return scaled_word<T>(acc, 8 * box + i, half, p.alpha); });
+    }
+#pragma unroll
+    for (int box = first_kept; box < box_count; ++box)
+#pragma unroll
+      for (int i = 0; i < 8; ++i)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+          words[16 * (box - first_kept) + 2 * i + half] = scaled_word<T>(acc, 8 * box + i, half, p.alpha);
+    next = first_kept;
+  }
+
+  // Stores the next kept box, if any.
+  __device__ __forceinline__ void store_next(const CUtensorMap* map, unsigned char* buffers, int consumer,
+                                             int wg_tid) {
+    if (next >= boxes) return;
+    // The kept box's words by compile-time indices (a run-time index puts `words` in local memory).
+#pragma unroll
+    for (int box = first_kept; box < box_count; ++box) {
+      if (box != next) continue;
+      put(map, buffers, box, consumer, wg_tid,
+          [&](int i, int half) { return words[16 * (box - first_kept) + 2 * i + half]; });
+    }
+    ++next;
+  }
+
+  __device__ __forceinline__ void flush(const CUtensorMap* map, unsigned char* buffers, int consumer, int wg_tid) {
+#pragma unroll 1
+    while (next < boxes) store_next(map, buffers, consumer, wg_tid);
+  }
+};
+
 // varlen K run as its transpose (p.c_transposed: the tile's rows are C's columns, its columns C's rows), one
 // consumer's 64 rows alpha product, rounded to T as store_tile_by_tma rounds them: per 64 tile columns one box
 // (epilogue_box_by_tma) of 64 C rows x the consumer's 64 C columns, each warp's 16 rows x 64 columns put in by four
@@ -824,6 +905,10 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const DeviceActivation act{p.activation, p.glu_limit};
     float acc[BN / 2];
     uint32_t it = 0;
+    // The STORE and BIAS instantiation of varlen M defers its TMA-store epilogue into the next tile's main loop.
+    constexpr bool defers_store = !varlen_k && !Activated;
+    DeferredStore<T, Cfg> deferred;
+    unsigned char* const buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
     // Hands ring slot `slot` back to the producers: unpaired every thread arrives on this CTA's barrier; paired,
     // once the warp is done, its lane 0 arrives on the barrier of both CTAs (either producer may overwrite it).
     const auto release = [&](uint32_t slot) {
@@ -867,23 +952,32 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           wgmma_m64k16<BN, T, a_mn_major, b_mn_major>(acc, a_desc, b_desc, s > 0 || kk > 0);
         }
         wgmma_commit();
+        if constexpr (defers_store) deferred.store_next(&maps.c, buffers, consumer, wg_tid);
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
         // then hand its slot back to the producer.
         wgmma_wait<1>();
         if (s > 0) release((it - 1) % S);
       }
+      // The previous tile's boxes the main loop left (fewer slices than boxes), under the last slice's wgmmas.
+      if constexpr (defers_store) deferred.flush(&maps.c, buffers, consumer, wg_tid);
       wgmma_wait<0>();
       wgmma_fence_accumulators(acc);
       if (slices > 0) release((it - 1) % S);
 
       // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
       const int64_t first_row = t.m0 + 64 * consumer;
+      const bool by_tma = tma_stores && (varlen_k || first_row + 64 <= t.m_end);
+      if constexpr (defers_store) {
+        if (by_tma) {
+          deferred.take(p, &maps.c, acc, t, buffers, consumer, wg_tid);
+          continue;
+        }
+      }
       // The TMA boxes take turns on two buffers inside this consumer's staging rows, and a tile may end on either
       // (fewer boxes at the last column tile), so a tile's epilogue, by TMA or by the threads, starts once every
       // earlier store has read its buffer (long since: a mainloop ago).
       if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
-      if (tma_stores && (varlen_k || first_row + 64 <= t.m_end)) {
-        unsigned char* buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
+      if (by_tma) {
         if constexpr (gated)
           store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
         else if (varlen_k && p.c_fp32)
@@ -1003,6 +1097,8 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         chunks(std::true_type{});
       }
     }
+    // The last tile's boxes.
+    if constexpr (defers_store) deferred.flush(&maps.c, buffers, consumer, wg_tid);
   }
   // The TMA stores read their shared memory sources until they complete.
   if (tma_stores && warpgroup > 0 && wg_tid == 0) bulk_wait_group<0>();
