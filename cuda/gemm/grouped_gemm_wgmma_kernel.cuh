@@ -952,7 +952,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           wgmma_m64k16<BN, T, a_mn_major, b_mn_major>(acc, a_desc, b_desc, s > 0 || kk > 0);
         }
         wgmma_commit();
-        if constexpr (defers_store) deferred.store_next(&maps.c, buffers, consumer, wg_tid);
+        if constexpr (defers_store) {
+          if (s > 0) deferred.store_next(&maps.c, buffers, consumer, wg_tid);
+        }
         // One slice's wgmmas stay in flight while the next slice's are issued: wait for the previous slice's,
         // then hand its slot back to the producer.
         wgmma_wait<1>();
