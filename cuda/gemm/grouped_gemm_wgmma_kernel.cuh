@@ -27,8 +27,9 @@
 //     descriptors, then release the slot on its `empty` mbarrier; after the last slice, varlen K with beta = 0
 //     into C of the operand dtype, or beta = 1 into an fp32 C, and varlen M's STORE where the consumer's 64 rows
 //     lie inside the group (WgmmaOperandMaps::c_by_tma), puts its values into boxes in shared memory that TMA
-//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma; GATED's h and a, formed in the
-//     registers, the same way: store_gated_tile_by_tma); every other product goes
+//     stores (or reduce-adds) write while the consumers go on (store_tile_by_tma; varlen M's STORE half then and
+//     half under the next tile's main loop: DeferredStore; GATED's h and a, formed in the registers, the same way:
+//     store_gated_tile_by_tma); every other product goes
 //     through a per-warpgroup fp32 staging chunk of 64 x 64 in shared memory to the shared epilogues, DGATED's
 //     reading h from its ring entries.
 //
@@ -606,8 +607,8 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
 template <class T, class Cfg>
 struct DeferredStore {
   static constexpr int box_count = Cfg::bn / 64, first_kept = box_count / 2;
-  // NOTE: keeping every box's words (half the accumulators) spilled 22 registers, whose reloads per box doubled as
-  // L2 traffic (ncu: the main loop's waits on `full` rose from 14% to 24% of its samples, 0.91-0.99x).
+  // NOTE: keeping every box's words (half the accumulators) spilled 22 registers, whose reloads per box added 12% to
+  // the L2 traffic (ncu: the main loop's waits on `full` rose from 14% to 24% of its samples; 0.91-0.996x).
   uint32_t words[16 * (box_count - first_kept)];  // kept box b: word 16 (b - first_kept) + 2 i + half
   int boxes = 0;                                  // the tile's boxes inside C
   int next = 0;                                   // the next kept box to store (boxes: none left)
@@ -905,7 +906,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const DeviceActivation act{p.activation, p.glu_limit};
     float acc[BN / 2];
     uint32_t it = 0;
-    // The STORE and BIAS instantiation of varlen M defers its TMA-store epilogue into the next tile's main loop.
+    // The STORE and BIAS instantiation of varlen M defers half its TMA-store epilogue into the next tile's main loop.
     constexpr bool defers_store = !varlen_k && !Activated;
     DeferredStore<T, Cfg> deferred;
     unsigned char* const buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
