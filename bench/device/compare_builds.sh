@@ -6,8 +6,10 @@
 #   bench/device/compare_builds.sh CONFIG REGEX BENCH [BENCH ...]
 # CONFIG: a bench config; REGEX: moekit-bench's --filter ('' for every case); BENCH: moekit-bench executables, the
 # first the baseline. Env MOEKIT_GEMM_PATH etc. pass through. stdout and $OUT/builds.md: a Markdown table of each
-# case's median TFLOP/s (or GB/s) per build, the ratio to the first, and the first build's cuBLAS baseline;
-# $OUT/builds.tgz: every run's JSON and log.
+# case's median TFLOP/s (or GB/s) per build, the ratio of the medians to the first build's, the lowest and highest
+# ratio of one round (build i's run against the first build's run of the same round, which ran next to it: a ratio
+# whose range spans 1 is within the noise) and the first build's cuBLAS baseline; $OUT/builds.tgz: every run's JSON
+# and log.
 set -uo pipefail
 config=${1:?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
 filter=${2?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
@@ -31,7 +33,7 @@ import json, os, statistics, sys
 
 runs, count, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 names = sys.argv[4:]
-rates = [{} for _ in range(count)]  # build -> case -> [rates]
+rates = [{} for _ in range(count)]  # build -> case -> {round: rate}
 baseline = {}
 order = []
 for i in range(count):
@@ -45,21 +47,25 @@ for i in range(count):
                 order.append(name)
             rate = (case.get("tflops") or case.get("gbps")) if case.get("status") == "ok" else None
             if rate is not None:
-                rates[i].setdefault(name, []).append(rate)
+                rates[i].setdefault(name, {})[r] = rate
             base = (case.get("baseline") or {}).get("tflops")
             if i == 0 and base is not None:
                 baseline.setdefault(name, []).append(base)
 print("| case | " + " | ".join(f"build {i}" for i in range(count)) + " | "
-      + " | ".join(f"build {i} / build 0" for i in range(1, count)) + " | cuBLAS (build 0's runs) |")
-print("|---" * (2 * count + 1) + "|")
+      + " | ".join(f"build {i} / build 0 | per round" for i in range(1, count)) + " | cuBLAS (build 0's runs) |")
+print("|---" * (3 * count) + "|")
 med = lambda xs: statistics.median(xs) if xs else None
 for name in order:
-    m = [med(rates[i].get(name, [])) for i in range(count)]
+    m = [med(list(rates[i].get(name, {}).values())) for i in range(count)]
     cells = [f"{v:.0f}" if v else "-" for v in m]
-    ratios = [f"{m[i] / m[0]:.3f}" if m[i] and m[0] else "-" for i in range(1, count)]
+    for i in range(1, count):
+        cells.append(f"{m[i] / m[0]:.3f}" if m[i] and m[0] else "-")
+        first, other = rates[0].get(name, {}), rates[i].get(name, {})
+        paired = [other[r] / first[r] for r in first if r in other]
+        cells.append(f"{min(paired):.3f}–{max(paired):.3f}" if paired else "-")
     b = med(baseline.get(name, []))
-    base_cell = f"{b:.0f}" if b else "-"
-    print(f"| {name} | " + " | ".join(cells + ratios + [base_cell]) + " |")
+    cells.append(f"{b:.0f}" if b else "-")
+    print(f"| {name} | " + " | ".join(cells) + " |")
 print()
 for i, n in enumerate(names):
     print(f"build {i}: {n}; medians of {rounds} rounds, builds taking turns")
