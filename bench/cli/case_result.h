@@ -75,6 +75,9 @@ struct CaseResult {
   // The library's kernel choices for the case's plan (MOEKIT_LOG_CONFIG lines; none on the reference backend).
   std::vector<std::string> kernel_choices;
   std::string derivation;  // "", or how the time was derived ("t(forward + backward) - t(forward)")
+  // Every timed call's time in µs, in the order they ran (repeats rounds of iterations): the timed call's (derived:
+  // the full call's) and, for a derived time, the subtracted call's. A bimodal spread shows here, not in a median.
+  std::vector<double> samples_us, subtracted_samples_us;
   RoutingSummary routing;
 
   double flops = 0, bytes = 0;

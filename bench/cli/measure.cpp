@@ -66,18 +66,17 @@ void measure_baseline(CaseResult& r, const WorkModel& model, const CallCounts& c
 std::pair<Rounds, Rounds> time_alternating_rounds(Platform& platform, const Call& full, const Call& part, int sets,
                                                   const CallCounts& counts) {
   Rounds full_rounds, part_rounds;
-  std::vector<double> full_all, part_all;
-  const auto one_round = [&](const Call& call, Rounds& rounds, std::vector<double>& all) {
+  const auto one_round = [&](const Call& call, Rounds& rounds) {
     const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
     rounds.medians.push_back(summarize(us).median_us);
-    all.insert(all.end(), us.begin(), us.end());
+    rounds.samples.insert(rounds.samples.end(), us.begin(), us.end());
   };
   for (int round = 0; round < counts.repeats; ++round) {
-    one_round(full, full_rounds, full_all);
-    one_round(part, part_rounds, part_all);
+    one_round(full, full_rounds);
+    one_round(part, part_rounds);
   }
-  full_rounds.pooled = summarize(full_all);
-  part_rounds.pooled = summarize(part_all);
+  full_rounds.pooled = summarize(full_rounds.samples);
+  part_rounds.pooled = summarize(part_rounds.samples);
   return {full_rounds, part_rounds};
 }
 
@@ -140,6 +139,7 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
     const Rounds full = time_rounds(platform, timed_run, r.sets, counts);
     r.time = full.pooled;
     r.spread_pct = spread_percent(full.medians);
+    r.samples_us = full.samples;
   } else {
     const auto [full, part] = time_alternating_rounds(platform, timed_run, subtracted_run, r.sets, counts);
     std::vector<double> differences;
@@ -148,6 +148,8 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
     r.time.min_us = full.pooled.min_us - part.pooled.median_us;
     r.time.max_us = full.pooled.max_us - part.pooled.median_us;
     r.spread_pct = spread_percent(differences);
+    r.samples_us = full.samples;
+    r.subtracted_samples_us = part.samples;
   }
 
   if (context.breakdown) {
@@ -174,13 +176,12 @@ int rotation_sets(const Platform& platform, double set_bytes) {
 
 Rounds time_rounds(Platform& platform, const Call& call, int sets, const CallCounts& counts) {
   Rounds r;
-  std::vector<double> all;
   for (int round = 0; round < counts.repeats; ++round) {
     const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
     r.medians.push_back(summarize(us).median_us);
-    all.insert(all.end(), us.begin(), us.end());
+    r.samples.insert(r.samples.end(), us.begin(), us.end());
   }
-  r.pooled = summarize(all);
+  r.pooled = summarize(r.samples);
   return r;
 }
 

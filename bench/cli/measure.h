@@ -31,10 +31,12 @@ CaseResult measure_case(const CaseConfig& config, MeasureContext& context);
 // (2x L2), at most 64; one when a single set is already that large, or on the host.
 int rotation_sets(const Platform& platform, double set_bytes);
 
-// `repeats` rounds of platform.time_calls: each round's median, and the statistics of every call pooled.
+// `repeats` rounds of platform.time_calls: each round's median, the statistics of every call pooled, and every
+// call's time in the order they ran.
 struct Rounds {
   std::vector<double> medians;
   TimeStats pooled;
+  std::vector<double> samples;
 };
 Rounds time_rounds(Platform& platform, const Call& call, int sets, const CallCounts& counts);
 

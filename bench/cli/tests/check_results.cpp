@@ -73,6 +73,35 @@ void check_routing(const json& c, const std::string& where) {
   if (forced > 0) expect(counts.value("min", -1) == 0, where + "an expert forced empty got rows: " + routing.dump());
 }
 
+// timing.samples_us holds one positive time per timed call (iterations x repeats), whose extremes are time_us's
+// min and max for a measured time; a derived time also lists the subtracted call's, as many.
+void check_samples(const json& c, const std::string& where) {
+  const json& timing = c["timing"];
+  const auto calls = static_cast<size_t>(timing.value("iterations", 0) * timing.value("repeats", 0));
+  const auto check_list = [&](const char* key) {
+    const json& list = timing[key];
+    expect(list.is_array() && list.size() == calls,
+           where + key + " is not one time per timed call (" + std::to_string(calls) + "): " + list.dump());
+    for (const json& t : list) expect(t.is_number() && t.get<double>() > 0, where + key + " holds " + t.dump());
+  };
+  check_list("samples_us");
+  if (timing.value("derived", "").empty()) {
+    expect(timing["subtracted_samples_us"].is_null(), where + "subtracted_samples_us without a derived time");
+    double lo = 0, hi = 0;
+    for (const json& t : timing["samples_us"]) {
+      const double v = t.get<double>();
+      lo = lo == 0 ? v : std::min(lo, v);
+      hi = std::max(hi, v);
+    }
+    // The samples are rounded to 0.01 µs.
+    expect(std::fabs(lo - c["time_us"]["min"].get<double>()) <= 0.006 &&
+               std::fabs(hi - c["time_us"]["max"].get<double>()) <= 0.006,
+           where + "samples_us's extremes are not time_us's min and max");
+  } else {
+    check_list("subtracted_samples_us");
+  }
+}
+
 void check_case(const json& c, const std::string& expected_name, const std::string& backend) {
   const std::string where = "case '" + expected_name + "': ";
   expect(c.value("name", "") == expected_name, where + "found '" + c.value("name", "") + "' in its place");
@@ -87,6 +116,7 @@ void check_case(const json& c, const std::string& expected_name, const std::stri
     expect(t["median"].is_number() && t["median"].get<double>() > 0, where + "no positive median time");
     expect(t["min"].is_number() && t["max"].is_number() && t["min"].get<double>() <= t["max"].get<double>(),
            where + "min/max time missing or out of order");
+    check_samples(c, where);
     expect(c["gbps"].is_number() && c["gbps"].get<double>() > 0, where + "no positive GB/s");
     if (c["flops"].get<double>() > 0) expect(c["tflops"].is_number(), where + "FLOPs but no TFLOP/s");
     expect(c["bytes"].get<double>() > 0, where + "no bytes counted");
