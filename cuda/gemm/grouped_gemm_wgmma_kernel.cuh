@@ -522,6 +522,17 @@ __device__ __forceinline__ uint32_t accumulator_box_offset(int wg_tid) {
   return kmajor_offset(16 * warp + lane / 4, lane_byte / 16) + lane_byte % 16;
 }
 
+// Puts a consumer thread's 16 words of one box of 16-bit values into the box at shared address `buffer_address`
+// (`lane_offset`: accumulator_box_offset<2>): word(i, half) is value pair `half` of the box's 8-column block i.
+template <class Word>
+__device__ __forceinline__ void put_box_words(uint32_t buffer_address, uint32_t lane_offset, Word&& word) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+      store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, static_cast<uint32_t>(i) << 4, word(i, half));
+}
+
 // Value pair `half` (rows lane / 4 + 8 half) of 8-column block `block` of a consumer's accumulators, times alpha,
 // rounded to the 16-bit Out: the 32-bit word a TMA-store epilogue puts in its box.
 template <class Out, int N>
@@ -570,20 +581,20 @@ __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, c
     const int64_t box_column = n0 + box_columns * box;
     if (box_column >= p.n) break;
     const auto fill = [&](uint32_t buffer_address) {
+      if constexpr (add) {
 #pragma unroll
-      for (int i = 0; i < box_blocks; ++i) {
-        const int block = box_blocks * box + i;
-        const uint32_t flip = static_cast<uint32_t>(sizeof(Out) / 2 * i) << 4;
+        for (int i = 0; i < box_blocks; ++i) {
+          const int block = box_blocks * box + i;
+          const uint32_t flip = static_cast<uint32_t>(2 * i) << 4;
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const uint32_t address = buffer_address + lane_offset + 8 * 128 * half;
-          if constexpr (add) {
-            store_shared_flipped_pair(address, flip, __float_as_uint(acc[4 * block + 2 * half] * p.alpha),
+          for (int half = 0; half < 2; ++half)
+            store_shared_flipped_pair(buffer_address + lane_offset + 8 * 128 * half, flip,
+                                      __float_as_uint(acc[4 * block + 2 * half] * p.alpha),
                                       __float_as_uint(acc[4 * block + 2 * half + 1] * p.alpha));
-          } else {
-            store_shared_flipped(address, flip, scaled_word<Out>(acc, block, half, p.alpha));
-          }
         }
+      } else {
+        put_box_words(buffer_address, lane_offset,
+                      [&](int i, int half) { return scaled_word<Out>(acc, box_blocks * box + i, half, p.alpha); });
       }
     };
     const auto store = [&](uint32_t buffer_address) {
@@ -620,14 +631,7 @@ struct DeferredStore {
   __device__ __forceinline__ void put(const CUtensorMap* map, unsigned char* buffers, int box, int consumer,
                                       int wg_tid, Word&& word) {
     const uint32_t lane_offset = accumulator_box_offset<sizeof(T)>(wg_tid);
-    const auto fill = [&](uint32_t buffer_address) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-          store_shared_flipped(buffer_address + lane_offset + 8 * 128 * half, static_cast<uint32_t>(i) << 4,
-                               word(i, half));
-    };
+    const auto fill = [&](uint32_t buffer_address) { put_box_words(buffer_address, lane_offset, word); };
     const auto store = [&](uint32_t buffer_address) { tma_store_3d(map, buffer_address, x0 + 64 * box, y, 0); };
     epilogue_box_by_tma(buffers, static_cast<int>(sequence % 2), consumer, wg_tid, fill, store);
     ++sequence;

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
 using nlohmann::json;
 
@@ -87,12 +88,9 @@ void check_samples(const json& c, const std::string& where) {
   check_list("samples_us");
   if (timing.value("derived", "").empty()) {
     expect(timing["subtracted_samples_us"].is_null(), where + "subtracted_samples_us without a derived time");
-    double lo = 0, hi = 0;
-    for (const json& t : timing["samples_us"]) {
-      const double v = t.get<double>();
-      lo = lo == 0 ? v : std::min(lo, v);
-      hi = std::max(hi, v);
-    }
+    const std::vector<double> samples = timing["samples_us"].get<std::vector<double>>();
+    const auto [lo_it, hi_it] = std::minmax_element(samples.begin(), samples.end());
+    const double lo = lo_it == samples.end() ? 0 : *lo_it, hi = hi_it == samples.end() ? 0 : *hi_it;
     // The samples are rounded to 0.01 µs.
     expect(std::fabs(lo - c["time_us"]["min"].get<double>()) <= 0.006 &&
                std::fabs(hi - c["time_us"]["max"].get<double>()) <= 0.006,
