@@ -48,7 +48,9 @@ struct CheckResult {
 struct KernelTime {
   std::string name;
   double calls = 0;  // launches per timed call
-  double us = 0;     // GPU time per timed call
+  double us = 0;     // GPU time per timed call (the mean over the profiled calls)
+  double min_us = 0;  // the least and most GPU time of one call
+  double max_us = 0;
 };
 
 // The routing a case ran on (operations with real routing, routing.h): how it was drawn and its pairs per expert.

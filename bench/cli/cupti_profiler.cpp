@@ -9,6 +9,7 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -83,28 +84,46 @@ class CuptiProfiler final : public KernelProfiler {
       records.clear();
     }
     for (CUpti_ActivityKind kind : kKinds) cupti_.enable(kind);
-    for (int i = 0; i < calls; ++i) call();
-    cudaDeviceSynchronize();
+    // One call at a time, its records flushed before the next: each kernel's time is known per call, so a call
+    // that runs slower than the others shows which kernel took the time (min_us / max_us).
+    std::vector<size_t> call_ends;
+    for (int i = 0; i < calls; ++i) {
+      call();
+      cudaDeviceSynchronize();
+      cupti_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      std::lock_guard<std::mutex> lock(records_mutex);
+      call_ends.push_back(records.size());
+    }
     for (CUpti_ActivityKind kind : kKinds) cupti_.disable(kind);
-    cupti_.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
 
-    // Per name, in order of first appearance: launches and GPU time per call.
+    // Per name, in order of first appearance: launches, and GPU time per call (mean, least, most).
     std::vector<KernelTime> kernels;
     std::map<std::string, size_t> position;
+    std::vector<std::vector<double>> per_call;  // kernel -> call -> us
     std::lock_guard<std::mutex> lock(records_mutex);
-    for (const auto& [name, ns] : records) {
-      auto it = position.find(name);
-      if (it == position.end()) {
-        it = position.emplace(name, kernels.size()).first;
-        kernels.push_back(KernelTime{name, 0, 0});
+    size_t begin = 0;
+    for (int i = 0; i < calls; ++i) {
+      for (size_t r = begin; r < call_ends[i]; ++r) {
+        const auto& [name, ns] = records[r];
+        auto it = position.find(name);
+        if (it == position.end()) {
+          it = position.emplace(name, kernels.size()).first;
+          kernels.push_back(KernelTime{name});
+          per_call.emplace_back(calls, 0.0);
+        }
+        // Totals first, one division at the end: adding 1/calls per launch gave 0.9999999999999999 launches.
+        kernels[it->second].calls += 1;
+        per_call[it->second][i] += static_cast<double>(ns) * 1e-3;
       }
-      // Totals first, one division at the end: adding 1/calls per launch gave 0.9999999999999999 launches.
-      kernels[it->second].calls += 1;
-      kernels[it->second].us += static_cast<double>(ns) * 1e-3;
+      begin = call_ends[i];
     }
-    for (KernelTime& k : kernels) {
-      k.calls /= calls;
-      k.us /= calls;
+    for (size_t k = 0; k < kernels.size(); ++k) {
+      kernels[k].calls /= calls;
+      for (double us : per_call[k]) kernels[k].us += us;
+      kernels[k].us /= calls;
+      const auto [least, most] = std::minmax_element(per_call[k].begin(), per_call[k].end());
+      kernels[k].min_us = *least;
+      kernels[k].max_us = *most;
     }
     return kernels;
   }

@@ -124,7 +124,9 @@ ordered_json case_json(const CaseResult& r) {
                     {"check", check_json(r.check)}};
   if (r.breakdown_requested) {
     ordered_json kernels = ordered_json::array();
-    for (const KernelTime& k : r.breakdown) kernels.push_back({{"kernel", k.name}, {"calls", k.calls}, {"us", k.us}});
+    for (const KernelTime& k : r.breakdown)
+      kernels.push_back(
+          {{"kernel", k.name}, {"calls", k.calls}, {"us", k.us}, {"min_us", k.min_us}, {"max_us", k.max_us}});
     j["breakdown"] = {{"note", r.breakdown_note}, {"kernels", kernels}};
   }
   j["command"] = r.command;
@@ -195,7 +197,8 @@ void print_details(std::FILE* out, const std::vector<CaseResult>& results) {
     if (r.breakdown_requested) {
       std::fprintf(out, "%s: kernel breakdown: %s\n", r.name.c_str(), r.breakdown_note.c_str());
       for (const KernelTime& k : r.breakdown)
-        std::fprintf(out, "    %10.2f us  %5.1f x  %s\n", k.us, k.calls, k.name.c_str());
+        std::fprintf(out, "    %10.2f us  (%9.2f .. %9.2f)  %5.1f x  %s\n", k.us, k.min_us, k.max_us, k.calls,
+                     k.name.c_str());
     }
   }
 }
