@@ -50,7 +50,7 @@ class PerfTables(unittest.TestCase):
     def test_columns(self):
         self.assertEqual(self.header, "| case | moekit ms | moekit TFLOP/s | spread % | cuBLAS ms | moekit vs cuBLAS | "
                                       "eager ms | eager TFLOP/s | moekit vs eager | compile ms | compile TFLOP/s | "
-                                      "moekit vs compile | SonicMoE H100 TFLOP/s |")
+                                      "moekit vs compile | SonicMoE H100 TFLOP/s | moekit / H100 |")
         self.assertEqual(list(self.rows), ["moe_fwd_T32768_H4096_I1024_E128_K8", "moe_bwd_T32768_H4096_I1024_E128_K8",
                                            "moe_fwd_T40960_H768_I256_E128_K8"])
 
@@ -82,8 +82,10 @@ class PerfTables(unittest.TestCase):
     def test_sonicmoe_reference_column(self):
         self.assertEqual(self.cell("moe_fwd_T32768_H4096_I1024_E128_K8", "SonicMoE H100 TFLOP/s"), "557")
         self.assertEqual(self.cell("moe_bwd_T32768_H4096_I1024_E128_K8", "SonicMoE H100 TFLOP/s"), "566")
-        self.assertEqual(self.cell("moe_fwd_T40960_H768_I256_E128_K8", "SonicMoE H100 TFLOP/s"), "-")
-        self.assertIn("left empty rather than read off the figure", self.text)
+        self.assertEqual(self.cell("moe_fwd_T40960_H768_I256_E128_K8", "SonicMoE H100 TFLOP/s"), "~334")
+        self.assertEqual(self.cell("moe_fwd_T32768_H4096_I1024_E128_K8", "moekit / H100"), "0.59")  # 331 / 557
+        self.assertEqual(self.cell("moe_fwd_T40960_H768_I256_E128_K8", "moekit / H100"), "-")  # failed case
+        self.assertIn("read off the figure, which prints no numbers", self.text)
 
     def test_microseconds_and_rate_units_for_small_cases(self):
         text = run(fixture("moekit_fig14.json"), fixture("moekit_smoke_reference.json"))
@@ -103,10 +105,10 @@ class SonicMoEColumns(unittest.TestCase):
         lines = text.splitlines()
         columns = [c.strip() for c in next(l for l in lines if l.startswith("| case")).strip("| ").split(" | ")]
         self.assertEqual(columns[6:], ["SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
-                                       "SonicMoE H100 TFLOP/s"])
+                                       "SonicMoE H100 TFLOP/s", "moekit / H100"])
         row = next(l for l in lines if l.startswith("| moe_fwd_T32768_H4096_I1024_E128_K8"))
         cells = [c.strip() for c in row.strip("| ").split(" | ")]
-        self.assertEqual(cells[6:], ["11.98", "551", "0.60", "557"])  # 11.976 / 19.96 ms
+        self.assertEqual(cells[6:], ["11.98", "551", "0.60", "557", "0.59"])  # 11.976 / 19.96 ms; 331 / 557
         self.assertIn("- SonicMoE: 2026-11-30T02:18:00Z, commit `0123456789ab`, NVIDIA H200 (132 SMs), CUDA runtime "
                       "13.0, torch 2.11.0+cu130, sonic-moe 0.1.2.post1, quack-kernels 0.3.11", text)
         self.assertIn("checked against the PyTorch layer on the same inputs: 3 of 32768 rows off by more than 2% "
