@@ -160,8 +160,9 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
       const int calls = std::max(1, std::min(counts.iterations, 10));
       int set = 0;
       r.breakdown = context.profiler->profile([&] { timed(set++ % r.sets); }, calls);
-      r.breakdown_note = "GPU time per timed call (CUPTI activity records), plain stream calls, one at a time: mean (least .. "
-                         "most) of " + std::to_string(calls) + " calls";
+      r.breakdown_note = "GPU time per timed call (CUPTI activity records), plain stream calls, one at a time: "
+                         "mean (least .. most) of " +
+                         std::to_string(calls) + " calls";
     }
   }
 }

@@ -20,7 +20,8 @@ echo "$1 \$*" >>"$work/turns"
 rates=($2)
 out=""
 while [[ \$# -gt 0 ]]; do [[ \$1 == --out ]] && out=\$2; shift; done
-if [[ $1 == moekit ]]; then a='"tflops": '\${rates[\$run]}; else a='"tflops": 1, "grouped_mm_alone": {"tflops": '\${rates[\$run]}'}'; fi
+rate=\${rates[\$run]}
+if [[ $1 == moekit ]]; then a='"tflops": '\$rate; else a='"tflops": 1, "grouped_mm_alone": {"tflops": '\$rate'}'; fi
 printf '{"cases": [{"name": "gemm_a", "status": "ok", %s},
                    {"name": "gemm_b", "status": "failed"}]}\n' "\$a" >"\$out"
 TOOL
