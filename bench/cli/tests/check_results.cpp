@@ -1,7 +1,7 @@
 // Checks a moekit-bench results file against its config: the meta block, one record per case in config order,
 // every case run (or reported not supported) with a positive time, its figures present, its check passed, a
-// reproduce command that names the case, and for the operations with real routing the routing record (lognormal
-// routing: its empty experts really empty).
+// reproduce command that names the case, for the operations with real routing the routing record (lognormal
+// routing: its empty experts really empty), and a --breakdown's kernel records.
 //   moekit_bench_check_results RESULTS.json CONFIG.json      exit 0 when everything holds, else 1 with the reasons
 #include <nlohmann/json.hpp>
 
@@ -100,6 +100,21 @@ void check_samples(const json& c, const std::string& where) {
   }
 }
 
+// With --breakdown on the CUDA backend, every kernel's record: launches per call > 0 and the least and most GPU time
+// of one call on either side of the mean (all three from the same per-call sums).
+void check_breakdown(const json& c, const std::string& where) {
+  const json& breakdown = c["breakdown"];
+  expect(breakdown.is_object() && breakdown["kernels"].is_array(), where + "breakdown without a kernel list");
+  if (!breakdown.is_object() || !breakdown["kernels"].is_array()) return;
+  for (const json& k : breakdown["kernels"]) {
+    const std::string kernel = where + "breakdown of " + k.value("kernel", "?") + ": ";
+    expect(k.value("calls", 0.0) > 0, kernel + "no launches");
+    const double us = k.value("us", -1.0), lo = k.value("min_us", -1.0), hi = k.value("max_us", -1.0);
+    expect(lo >= 0 && lo <= us * (1 + 1e-12) && us <= hi * (1 + 1e-12),
+           kernel + "min_us <= us <= max_us does not hold: " + k.dump());
+  }
+}
+
 void check_case(const json& c, const std::string& expected_name, const std::string& backend) {
   const std::string where = "case '" + expected_name + "': ";
   expect(c.value("name", "") == expected_name, where + "found '" + c.value("name", "") + "' in its place");
@@ -119,6 +134,7 @@ void check_case(const json& c, const std::string& expected_name, const std::stri
     if (c["flops"].get<double>() > 0) expect(c["tflops"].is_number(), where + "FLOPs but no TFLOP/s");
     expect(c["bytes"].get<double>() > 0, where + "no bytes counted");
     if (has_real_routing(c.value("op", ""))) check_routing(c, where);
+    if (c.contains("breakdown")) check_breakdown(c, where);
     if (backend == "reference")
       expect(c["baseline"].value("description", "").find("no baseline") != std::string::npos,
              where + "the reference backend must state that there is no baseline");
