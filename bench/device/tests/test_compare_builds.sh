@@ -8,26 +8,12 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# A stand-in bench: its Nth run (counted in its own folder) reports case "gemm_a" at the Nth of its RATES, case
-# "gemm_b" as failed, and logs its arguments.
-make_bench() {
-  mkdir -p "$work/$1"
-  cat >"$work/$1/moekit-bench" <<BENCH
-#!/usr/bin/env bash
-dir=\$(dirname "\$0")
-run=\$(cat "\$dir/runs" 2>/dev/null || echo 0)
-echo \$((run + 1)) >"\$dir/runs"
-echo "\$*" >>"\$dir/args"
-rates=($2)
-out=""
-while [[ \$# -gt 0 ]]; do [[ \$1 == --out ]] && out=\$2; shift; done
-printf '{"cases": [{"name": "gemm_a", "status": "ok", "tflops": %s, "baseline": {"tflops": 700}},
-                   {"name": "gemm_b", "status": "error", "message": "not supported"}]}\n' "\${rates[\$run]}" >"\$out"
-BENCH
-  chmod +x "$work/$1/moekit-bench"
-}
-make_bench old "100 110 90"
-make_bench new "105 108 99"
+. "$here/stand_in_tool.sh"
+# Stand-in benches: case "gemm_a" at the run's rate, case "gemm_b" failed.
+records='{"name": "gemm_a", "status": "ok", "tflops": %s, "baseline": {"tflops": 700}},
+         {"name": "gemm_b", "status": "error", "message": "not supported"}'
+make_stand_in "$work/old/moekit-bench" "100 110 90" "$records"
+make_stand_in "$work/new/moekit-bench" "105 108 99" "$records"
 
 ROUNDS=3 OUT="$work/out" bash "$here/../compare_builds.sh" config.json 'gemm_' "$work/old/moekit-bench" \
   "$work/new/moekit-bench" >"$work/stdout" 2>"$work/stderr" || fail "exit status $?"

@@ -7,28 +7,14 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
-# A stand-in tool: its Nth run (counted in its own folder) reports case "gemm_a" at the Nth of its RATES (moekit's
-# record, or torch's with the grouped_mm_alone timing) and "gemm_b" as failed, and logs its arguments in turn.
-make_tool() {
-  mkdir -p "$work/$1"
-  cat >"$work/$1/tool" <<TOOL
-#!/usr/bin/env bash
-dir=\$(dirname "\$0")
-run=\$(cat "\$dir/runs" 2>/dev/null || echo 0)
-echo \$((run + 1)) >"\$dir/runs"
-echo "$1 \$*" >>"$work/turns"
-rates=($2)
-out=""
-while [[ \$# -gt 0 ]]; do [[ \$1 == --out ]] && out=\$2; shift; done
-rate=\${rates[\$run]}
-if [[ $1 == moekit ]]; then a='"tflops": '\$rate; else a='"tflops": 1, "grouped_mm_alone": {"tflops": '\$rate'}'; fi
-printf '{"cases": [{"name": "gemm_a", "status": "ok", %s},
-                   {"name": "gemm_b", "status": "failed"}]}\n' "\$a" >"\$out"
-TOOL
-  chmod +x "$work/$1/tool"
-}
-make_tool moekit "100 110 90"
-make_tool torch "100 100 100"
+. "$here/stand_in_tool.sh"
+# Stand-in tools: case "gemm_a" at the run's rate (moekit's record, or torch's with the grouped_mm_alone timing),
+# case "gemm_b" failed.
+make_stand_in "$work/moekit/tool" "100 110 90" \
+  '{"name": "gemm_a", "status": "ok", "tflops": %s}, {"name": "gemm_b", "status": "failed"}'
+make_stand_in "$work/torch/tool" "100 100 100" \
+  '{"name": "gemm_a", "status": "ok", "tflops": 1, "grouped_mm_alone": {"tflops": %s}},
+   {"name": "gemm_b", "status": "failed"}'
 
 ROUNDS=3 OUT="$work/out" TORCH_BENCH="$work/torch/tool" bash "$here/../compare_grouped_mm.sh" "$work/moekit/tool" \
   config.json 'gemm_' >"$work/stdout" 2>"$work/stderr" || fail "exit status $?"
