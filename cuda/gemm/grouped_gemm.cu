@@ -135,7 +135,7 @@ template <int32_t Dtype, GemmTile Tile>
 void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                            cudaStream_t stream) {
   if (p.mode == MOEKIT_GEMM_VARLEN_K)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, false, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, paired, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN && p.epilogue == MOEKIT_EPILOGUE_DGATED)
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn, true>(p, maps, sm_count, paired, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
