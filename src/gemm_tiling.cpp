@@ -90,10 +90,11 @@ GemmPath choose_gemm_path(const moekit_gemm_desc_t& d, int cc_major, int cc_mino
   // nothing measurable from it (0.94-1.03x), so they stay single.
   const bool activated = d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED;
   if (d.mode == MOEKIT_GEMM_VARLEN_M && activated && d.k >= 4096) return GemmPath::wgmma_pair;
-  // NOTE: varlen K paired (launch_wgmma pairs what pairs_weight_gradient allows) against single, same binary, builds
-  // taking turns: gemm_issue7's dW1 at ~256 rows per group 1.128x (3 rounds) and 1.081x (5 rounds) in two calls; at
-  // ~1024 rows 0.993x, skewed 1.000x, and gemm.json's weight gradients (>= 1024 rows per group) 0.983-1.005x.
-  if (d.mode == MOEKIT_GEMM_VARLEN_K && d.max_rows < 512 * d.groups) return GemmPath::wgmma_pair;
+  // NOTE: varlen K paired (launch_wgmma pairs what pairs_weight_gradient allows; B's L2 reads halved by multicast)
+  // against single, same binary taking turns (H200, 5 rounds): gemm_issue7's dW1 at ~1024 rows per group 1.013x
+  // (every round 1.004-1.040x), skewed 1.013x; at ~256 rows 0.952x (rounds 0.91-1.05x). Until the seventeenth
+  // session the launch dropped the pairing of varlen K, so the earlier "paired" figures were of the single kernel.
+  if (d.mode == MOEKIT_GEMM_VARLEN_K && d.max_rows >= 512 * d.groups) return GemmPath::wgmma_pair;
   return GemmPath::wgmma;
 }
 

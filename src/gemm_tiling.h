@@ -64,8 +64,8 @@ const char* gemm_path_name(GemmPath path);  // "mma", "wgmma", "wgmma_pair"
 bool wgmma_capable(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // wgmma where it is capable (measured faster for every mode and epilogue it takes), paired (wgmma_pair) for GATED
-// and DGATED with k >= 4096 (measured 1-3% faster there, the same bits) and for varlen K with fewer than 512 rows per
-// group on average (max_rows / groups; ~8% faster at 256, the same bits), else mma_sync.
+// and DGATED with k >= 4096 (measured 1-3% faster there, the same bits) and for varlen K with at least 512 rows per
+// group on average (max_rows / groups; ~1% faster at ~1024, the same bits), else mma_sync.
 GemmPath choose_gemm_path(const moekit_gemm_desc_t& desc, int cc_major, int cc_minor);
 
 // choose_gemm_path, unless the environment variable MOEKIT_GEMM_PATH names a path: "mma" always gives mma_sync;

@@ -167,11 +167,11 @@ TEST_CASE("gemm tiling: the wgmma path takes only the varlen-M shapes it was wri
   CHECK(choose_gemm_path(other, 9, 0) == GemmPath::mma_sync);
   const moekit_gemm_desc_t wgrad = desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, MOEKIT_ACT_SWIGLU, 8, 4096, 512, 256);
   CHECK(wgmma_capable(wgrad, 9, 0));
-  CHECK(choose_gemm_path(wgrad, 9, 0) == GemmPath::wgmma);  // 4096 rows over 8 groups: 512 per group, single
+  CHECK(choose_gemm_path(wgrad, 9, 0) == GemmPath::wgmma_pair);  // 4096 rows over 8 groups: 512 per group, paired
   CHECK(choose_gemm_path(wgrad, 8, 0) == GemmPath::mma_sync);
-  moekit_gemm_desc_t short_wgrad = wgrad;  // 4095 rows: fewer than 512 per group, paired
+  moekit_gemm_desc_t short_wgrad = wgrad;  // 4095 rows: fewer than 512 per group, single
   short_wgrad.max_rows = 4095;
-  CHECK(choose_gemm_path(short_wgrad, 9, 0) == GemmPath::wgmma_pair);
+  CHECK(choose_gemm_path(short_wgrad, 9, 0) == GemmPath::wgmma);
   CHECK(choose_gemm_path(short_wgrad, 8, 0) == GemmPath::mma_sync);
 
   setenv("MOEKIT_GEMM_PATH", "mma", 1);
