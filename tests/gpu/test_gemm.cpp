@@ -722,6 +722,18 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     Case stored = k;
     stored.beta = 0.0;
     check_case(handles, make_inputs(rng, stored));
+    // The same on paired CTAs (B by TMA multicast, barriers of both CTAs; C^T's 144 rows are 2 m tiles), unless the
+    // caller forced mma.sync.
+    const char* forced = std::getenv("MOEKIT_GEMM_PATH");
+    if (forced == nullptr || std::string(forced) != "mma") {
+      const std::string caller_path = forced != nullptr ? forced : "";
+      setenv("MOEKIT_GEMM_PATH", "wgmma_pair", 1);
+      check_case(handles, make_inputs(rng, stored));
+      if (forced == nullptr)
+        unsetenv("MOEKIT_GEMM_PATH");
+      else
+        setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
+    }
   }
 }
 
