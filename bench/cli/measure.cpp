@@ -59,6 +59,14 @@ void measure_baseline(CaseResult& r, const WorkModel& model, const CallCounts& c
   r.ratio = r.baseline.median_us / r.time.median_us;
 }
 
+// One round of platform.time_calls added to `rounds`: its median, and its calls' times in the order they ran (the
+// caller pools them once every round is in).
+void add_round(Platform& platform, const Call& call, int sets, const CallCounts& counts, Rounds& rounds) {
+  const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
+  rounds.medians.push_back(summarize(us).median_us);
+  rounds.samples.insert(rounds.samples.end(), us.begin(), us.end());
+}
+
 // A derived time is the difference of two measurements, so both must see the same machine: their rounds alternate
 // (full, part, full, part, ...), and a burst of load from another process slows a round of each rather than all
 // rounds of one. Measured back to back, a busy host (CI runs the tests two at a time on two cores) made a
@@ -66,14 +74,9 @@ void measure_baseline(CaseResult& r, const WorkModel& model, const CallCounts& c
 std::pair<Rounds, Rounds> time_alternating_rounds(Platform& platform, const Call& full, const Call& part, int sets,
                                                   const CallCounts& counts) {
   Rounds full_rounds, part_rounds;
-  const auto one_round = [&](const Call& call, Rounds& rounds) {
-    const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
-    rounds.medians.push_back(summarize(us).median_us);
-    rounds.samples.insert(rounds.samples.end(), us.begin(), us.end());
-  };
   for (int round = 0; round < counts.repeats; ++round) {
-    one_round(full, full_rounds);
-    one_round(part, part_rounds);
+    add_round(platform, full, sets, counts, full_rounds);
+    add_round(platform, part, sets, counts, part_rounds);
   }
   full_rounds.pooled = summarize(full_rounds.samples);
   part_rounds.pooled = summarize(part_rounds.samples);
@@ -177,11 +180,7 @@ int rotation_sets(const Platform& platform, double set_bytes) {
 
 Rounds time_rounds(Platform& platform, const Call& call, int sets, const CallCounts& counts) {
   Rounds r;
-  for (int round = 0; round < counts.repeats; ++round) {
-    const std::vector<double> us = platform.time_calls(call, sets, counts.warmup, counts.iterations);
-    r.medians.push_back(summarize(us).median_us);
-    r.samples.insert(r.samples.end(), us.begin(), us.end());
-  }
+  for (int round = 0; round < counts.repeats; ++round) add_round(platform, call, sets, counts, r);
   r.pooled = summarize(r.samples);
   return r;
 }
