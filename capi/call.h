@@ -6,12 +6,12 @@
 #include <cstddef>
 #include <string>
 
-#include "backend.h"
+#include "src/backend.h"
 #include "capi/translate.h"
 #include "capi/validate.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "capi/validate.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

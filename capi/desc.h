@@ -6,7 +6,7 @@
 #include <initializer_list>
 
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

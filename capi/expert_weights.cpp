@@ -1,7 +1,7 @@
 #include "capi/expert_weights.h"
 
 #include "capi/desc.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -4,7 +4,7 @@
 
 #include "capi/validate.h"
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

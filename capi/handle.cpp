@@ -5,11 +5,11 @@
 #include "capi/desc.h"
 #include "capi/plan_create.h"
 #include "capi/translate.h"
-#include "error.h"
-#include "plan.h"
-#include "reference/reference_backend.h"
+#include "cuda/common/status_error.h"
+#include "src/plan.h"
+#include "src/reference/reference_backend.h"
 #ifdef MOEKIT_WITH_CUDA
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 #endif
 
 namespace moekit {

@@ -6,11 +6,11 @@
 #include <memory>
 #include <string>
 
-#include "backend.h"
+#include "src/backend.h"
 #include "capi/call.h"
 #include "capi/translate.h"
-#include "error.h"
-#include "plan.h"
+#include "cuda/common/status_error.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

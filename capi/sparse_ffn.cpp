@@ -4,7 +4,7 @@
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"
-#include "subsample_rows.h"
+#include "src/subsample_rows.h"
 
 namespace moekit {
 inline namespace v0 {

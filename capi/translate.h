@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 
 namespace moekit {

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <limits>
 
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

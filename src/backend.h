@@ -8,7 +8,7 @@
 #include <cstddef>
 
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

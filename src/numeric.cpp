@@ -1,4 +1,4 @@
-#include "numeric.h"
+#include "src/numeric.h"
 
 #include <limits>
 

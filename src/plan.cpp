@@ -1,5 +1,5 @@
 // Names of the plan kinds (for messages) and the process-wide plan id counter.
-#include "plan.h"
+#include "src/plan.h"
 
 #include <atomic>
 

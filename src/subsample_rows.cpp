@@ -1,11 +1,11 @@
-#include "subsample_rows.h"
+#include "src/subsample_rows.h"
 
 #include <numeric>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

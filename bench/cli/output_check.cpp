@@ -4,7 +4,7 @@
 #include <cstring>
 #include <memory>
 
-#include "numeric.h"
+#include "src/numeric.h"
 #include "workload.h"
 
 namespace moekit_bench {

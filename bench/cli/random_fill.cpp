@@ -4,7 +4,7 @@
 #include <cstring>
 #include <vector>
 
-#include "numeric.h"
+#include "src/numeric.h"
 
 namespace moekit_bench {
 

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "numeric.h"
+#include "src/numeric.h"
 
 namespace moekit_bench {
 

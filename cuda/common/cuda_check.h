@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -1,5 +1,5 @@
 // Host launcher of the CUDA dispatch metadata (SPEC section 2): the deterministic CSR of the valid pairs.
-// Plain C++ (no moekit_tensor_t): src/cuda/dispatch_ops.cpp reads the tensor views and fills a DispatchProblem.
+// Plain C++ (no moekit_tensor_t): src/cuda_backend/dispatch_ops.cpp reads the tensor views and fills a DispatchProblem.
 #pragma once
 
 #include <cuda_runtime.h>

@@ -9,7 +9,7 @@
 #include "cuda/common/grid_dependency.cuh"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/gemm/grouped_gemm_wgmma.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 
 namespace moekit {

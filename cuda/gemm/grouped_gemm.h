@@ -1,5 +1,5 @@
 // Host-callable launcher of the CUDA grouped GEMM (SPEC section 5) and the problem it reads. Plain C++:
-// src/cuda/gemm_ops.cpp fills the problem from the validated tensor views and calls run_grouped_gemm.
+// src/cuda_backend/gemm_ops.cpp fills the problem from the validated tensor views and calls run_grouped_gemm.
 //
 //   varlen M: for every grouped row r of group e (offsets[e] <= r < offsets[e+1], read on the device),
 //             product[r] = A[row(r)] B_e with row(r) = gather ? gather_idx[r] : r, B_e [n, k] (NK) or [k, n] (KN);
@@ -8,7 +8,7 @@
 //                                DGATED        dA = alpha product; dh, a' = s a, ds[pair_idx[r]] = dA . a
 //   varlen K: C[e] [m, n] = alpha sum over the rows r of group e of A[row_a(r)]^T B[row_b(r)] + beta C[e].
 //
-// Preconditions (src/cuda/gemm_ops.cpp checks them): bf16 / fp16 operands; k, n, m and every row stride
+// Preconditions (src/cuda_backend/gemm_ops.cpp checks them): bf16 / fp16 operands; k, n, m and every row stride
 // multiples of 8 elements; every base pointer 16-byte aligned.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "gemm_tiling.h"
+#include "cuda/gemm/gemm_config.h"
 
 namespace moekit {
 inline namespace v0 {

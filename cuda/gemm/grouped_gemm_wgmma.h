@@ -1,6 +1,6 @@
 // Host-callable pieces of the sm_90a grouped GEMM path (grouped_gemm_wgmma_kernel.cuh): the TMA descriptors of its
 // operands and the persistent tile kernel's launch. run_grouped_gemm calls them when the plan chose
-// GemmPath::wgmma (src/gemm_tiling.h). Plain C++.
+// GemmPath::wgmma (cuda/gemm/gemm_config.h). Plain C++.
 #pragma once
 
 #include <cuda.h>
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "cuda/gemm/grouped_gemm.h"
-#include "gemm_tiling.h"
+#include "cuda/gemm/gemm_config.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -8,7 +8,7 @@
 #include "cuda/common/activation.cuh"
 #include "cuda/common/cuda_check.h"
 #include "cuda/gemm/grouped_gemm_wgmma.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 
 namespace moekit {

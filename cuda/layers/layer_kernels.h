@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "saved_header.h"
+#include "cuda/layers/saved_header.h"
 
 namespace moekit {
 inline namespace v0 {

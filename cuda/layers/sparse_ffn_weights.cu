@@ -12,7 +12,7 @@
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/storage.cuh"
 #include "cuda/layers/grid_stride.cuh"
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 
 namespace moekit {

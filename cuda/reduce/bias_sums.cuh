@@ -1,7 +1,7 @@
 // Pass 1 of the bias reductions (chunk sums and per-row dot products) and pass 2 of the sums, templated on the
 // storage dtype (contract, chunking and determinism: bias_sums.h).
 //
-// Preconditions (checked by src/cuda/reduce_ops.cpp): W and every row stride are multiples of 8 elements and the
+// Preconditions (checked by src/cuda_backend/reduce_ops.cpp): W and every row stride are multiples of 8 elements and the
 // data pointers are 16-byte aligned; launch_chunk_tables has run on the stream first.
 //
 // Pass 1 grid: (max chunks of this call, column blocks) of layout.threads threads; thread k of column block b owns

@@ -1,6 +1,6 @@
 // Host-callable launchers of the per-expert bias reductions (SPEC section 4 steps 3 and 5, section 6), and the one
-// function that sizes and lays out their workspace. Plain C++: src/cuda/reduce_ops.cpp and
-// src/cuda/cuda_backend.cpp (plan sizes) include it from g++.
+// function that sizes and lays out their workspace. Plain C++: src/cuda_backend/reduce_ops.cpp and
+// src/cuda_backend/cuda_backend.cpp (plan sizes) include it from g++.
 //
 //   sums[e] = beta * sums[e] + sum over rows i of expert e, ascending, of w_i * src[row_i]      (db1, db2)
 //   ds[pair_idx[i]] += src[row_i] . b2[e]                   for every row i of expert e        (ds, optional)

@@ -1,6 +1,6 @@
 // The combine / broadcast-backward kernel (contract and launch shape: combine.h).
 //
-// Preconditions (checked by src/cuda/reduce_ops.cpp): H and both row strides are multiples of 8 elements and the
+// Preconditions (checked by src/cuda_backend/reduce_ops.cpp): H and both row strides are multiples of 8 elements and the
 // data pointers are 16-byte aligned, so every row is a whole number of 16-byte vectors. The device index tensors
 // are trusted: grouped_pos entries lie in [-1, P), tok_offsets is non-decreasing.
 //

@@ -16,9 +16,9 @@
 #include <cstdint>
 #include <string>
 
-#include "cuda/dense_gemm.h"
+#include "cuda/dense/dense_gemm.h"
 #include "cuda/sparse_ffn/group_select.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 
 namespace moekit {

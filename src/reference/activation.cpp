@@ -1,4 +1,4 @@
-#include "reference/activation.h"
+#include "src/reference/activation.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,7 +1,7 @@
-#include "reference/dense.h"
+#include "src/reference/dense.h"
 
-#include "error.h"
-#include "numeric.h"
+#include "cuda/common/status_error.h"
+#include "src/numeric.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -1,9 +1,9 @@
-#include "reference/expert_mlp.h"
+#include "src/reference/expert_mlp.h"
 
 #include <cstddef>
 #include <vector>
 
-#include "reference/blocks.h"
+#include "src/reference/blocks.h"
 
 namespace moekit {
 inline namespace v0 {

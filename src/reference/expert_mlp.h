@@ -5,8 +5,8 @@
 
 #include <cstdint>
 
-#include "reference/activation.h"
-#include "reference/grouped_gemm.h"
+#include "src/reference/activation.h"
+#include "src/reference/grouped_gemm.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -4,11 +4,11 @@
 #include <vector>
 
 #include "moekit/moekit.h"
-#include "reference/blocks.h"
-#include "reference/dense.h"
-#include "reference/expert_mlp.h"
-#include "reference/layer_io.h"
-#include "reference/reference_backend.h"
+#include "src/reference/blocks.h"
+#include "src/reference/dense.h"
+#include "src/reference/expert_mlp.h"
+#include "src/reference/layer_io.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

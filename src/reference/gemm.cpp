@@ -5,10 +5,10 @@
 #include <vector>
 
 #include "moekit/moekit.h"
-#include "reference/dense.h"
-#include "reference/grouped_gemm.h"
-#include "reference/layer_io.h"
-#include "reference/reference_backend.h"
+#include "src/reference/dense.h"
+#include "src/reference/grouped_gemm.h"
+#include "src/reference/layer_io.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -4,12 +4,12 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
-#include "numeric.h"
-#include "reference/blocks.h"
-#include "reference/dense.h"
-#include "reference/parallel.h"
-#include "reference/reference_backend.h"
+#include "cuda/common/status_error.h"
+#include "src/numeric.h"
+#include "src/reference/blocks.h"
+#include "src/reference/dense.h"
+#include "src/reference/parallel.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

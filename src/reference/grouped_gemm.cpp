@@ -1,11 +1,11 @@
-#include "reference/grouped_gemm.h"
+#include "src/reference/grouped_gemm.h"
 
 #include <vector>
 
 #include "moekit/moekit.h"
-#include "numeric.h"
-#include "reference/matmul.h"
-#include "reference/parallel.h"
+#include "src/numeric.h"
+#include "src/reference/matmul.h"
+#include "src/reference/parallel.h"
 
 namespace moekit {
 inline namespace v0 {

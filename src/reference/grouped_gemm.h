@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "reference/activation.h"
+#include "src/reference/activation.h"
 
 namespace moekit {
 inline namespace v0 {

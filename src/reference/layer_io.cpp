@@ -1,11 +1,11 @@
-#include "reference/layer_io.h"
+#include "src/reference/layer_io.h"
 
 #include <string>
 
-#include "error.h"
-#include "reference/activation.h"
-#include "reference/dense.h"
-#include "saved_header.h"
+#include "cuda/common/status_error.h"
+#include "src/reference/activation.h"
+#include "src/reference/dense.h"
+#include "cuda/layers/saved_header.h"
 
 namespace moekit {
 inline namespace v0 {

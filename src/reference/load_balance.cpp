@@ -2,8 +2,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "reference/dense.h"
-#include "reference/reference_backend.h"
+#include "src/reference/dense.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -2,14 +2,14 @@
 // one parallel task; inside it the reduction runs in blocks of kKc; each block packs B into kNr-column panels once,
 // then A into kMr-row panels kMc rows at a time (zero padded), and the micro-kernel keeps a kMr x kNr block of C in
 // registers while it streams both panels. The A block (kMc x kKc) stays in L2, one B panel (kKc x kNr) in L1.
-#include "reference/matmul.h"
+#include "src/reference/matmul.h"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstring>
 
-#include "reference/parallel.h"
+#include "src/reference/parallel.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

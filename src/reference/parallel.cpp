@@ -1,4 +1,4 @@
-#include "reference/parallel.h"
+#include "src/reference/parallel.h"
 
 #include <algorithm>
 #include <atomic>

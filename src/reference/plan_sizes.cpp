@@ -1,8 +1,8 @@
 // Workspace and saved-buffer sizes of the reference backend. The reference needs no workspace (it allocates host
 // memory as it goes); a training layer's saved buffer is laid out by reference/layer_io.h, the same functions
 // its forward and backward use, at the plan's token bound.
-#include "reference/layer_io.h"
-#include "reference/reference_backend.h"
+#include "src/reference/layer_io.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

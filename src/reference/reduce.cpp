@@ -3,10 +3,10 @@
 #include <string>
 #include <vector>
 
-#include "error.h"
-#include "reference/blocks.h"
-#include "reference/dense.h"
-#include "reference/reference_backend.h"
+#include "cuda/common/status_error.h"
+#include "src/reference/blocks.h"
+#include "src/reference/dense.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -1,6 +1,6 @@
-#include "reference/reference_backend.h"
+#include "src/reference/reference_backend.h"
 
-#include "reference/parallel.h"
+#include "src/reference/parallel.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -3,7 +3,7 @@
 // gemm.cpp, moe_layer.cpp, experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
 #pragma once
 
-#include "backend.h"
+#include "src/backend.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -6,14 +6,14 @@
 #include <vector>
 
 #include "moekit/moekit.h"
-#include "numeric.h"
-#include "reference/activation.h"
-#include "reference/blocks.h"
-#include "reference/dense.h"
-#include "reference/grouped_gemm.h"
-#include "reference/layer_io.h"
-#include "reference/parallel.h"
-#include "reference/reference_backend.h"
+#include "src/numeric.h"
+#include "src/reference/activation.h"
+#include "src/reference/blocks.h"
+#include "src/reference/dense.h"
+#include "src/reference/grouped_gemm.h"
+#include "src/reference/layer_io.h"
+#include "src/reference/parallel.h"
+#include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "reference/blocks.h"
+#include "src/reference/blocks.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "numeric.h"
+#include "src/numeric.h"
 
 namespace moekit_test {
 

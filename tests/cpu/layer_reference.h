@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "moekit/moekit.h"
-#include "numeric.h"
-#include "reference/activation.h"
+#include "src/numeric.h"
+#include "src/reference/activation.h"
 
 namespace layer_test {
 

@@ -14,7 +14,7 @@
 
 #include "common/test_util.h"
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 using moekit_test::AlignedBuffer;
 using moekit_test::HostTensor;

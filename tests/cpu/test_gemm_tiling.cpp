@@ -1,4 +1,4 @@
-// The CUDA grouped GEMM's host decisions (src/gemm_tiling.h), pure functions checked without a GPU: the tile
+// The CUDA grouped GEMM's host decisions (cuda/gemm/gemm_config.h), pure functions checked without a GPU: the tile
 // heuristic over a table of shapes, the MOEKIT_GEMM_TILE override, the workspace layout's bounds, and the
 // mma.sync / wgmma path choice with its MOEKIT_GEMM_PATH override.
 #include <catch2/catch.hpp>
@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "gemm_tiling.h"
+#include "cuda/gemm/gemm_config.h"
 
 using moekit::GemmPath;
 using moekit::GemmShape;

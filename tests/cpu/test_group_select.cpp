@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "numeric.h"
+#include "src/numeric.h"
 
 using moekit_test::HostTensor;
 using moekit_test::PlanOwner;

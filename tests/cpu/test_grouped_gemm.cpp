@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "common/test_util.h"
-#include "numeric.h"
-#include "reference/matmul.h"
+#include "src/numeric.h"
+#include "src/reference/matmul.h"
 
 using moekit_test::HostTensor;
 using moekit_test::PlanOwner;

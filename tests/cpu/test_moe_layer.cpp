@@ -11,7 +11,7 @@
 
 #include "common/test_util.h"
 #include "layer_reference.h"
-#include "numeric.h"
+#include "src/numeric.h"
 
 using layer_test::ExpertRef;
 using layer_test::require_matches;

@@ -22,7 +22,7 @@
 #include "gpu/device_array.h"
 #include "gpu/gemm_oracle.h"
 #include "gpu/gpu_util.h"
-#include "gemm_tiling.h"
+#include "cuda/gemm/gemm_config.h"
 
 using namespace moekit_test;
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "gpu/gpu_util.h"
-#include "numeric.h"
+#include "src/numeric.h"
 
 using namespace moekit_test;
 

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "gpu/two_backends.h"
-#include "numeric.h"
+#include "src/numeric.h"
 
 using moekit_test::blocks_of;
 using moekit_test::Handles;

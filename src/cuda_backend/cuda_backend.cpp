@@ -1,4 +1,4 @@
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 
 #include <cuda_runtime.h>
 
@@ -9,7 +9,7 @@
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
 #include "cuda/routing/router.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

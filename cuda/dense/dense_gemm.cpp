@@ -1,7 +1,7 @@
 // Dense GEMMs through cuBLASLt (dense_gemm.h). In cuBLASLt's column-major terms a row-major d [m, n] is a
 // column-major [n, m], so the call computes d^T = B^T A^T: cuBLASLt's A is our B and its B is our A, each
 // transposed exactly when it is NOT stored transposed here.
-#include "cuda/dense_gemm.h"
+#include "cuda/dense/dense_gemm.h"
 
 #include <cublasLt.h>
 
@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "cuda/common/cuda_check.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

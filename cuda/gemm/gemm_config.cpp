@@ -1,4 +1,4 @@
-#include "gemm_tiling.h"
+#include "cuda/gemm/gemm_config.h"
 
 #include <algorithm>
 #include <cstdlib>

@@ -12,7 +12,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "moekit/moekit.h"
-#include "plan.h"
+#include "src/plan.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/reduce/combine.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

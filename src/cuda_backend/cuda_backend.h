@@ -2,7 +2,7 @@
 // kernels do not serve reports NOT_SUPPORTED, so a framework falls back to another path.
 #pragma once
 
-#include "backend.h"
+#include "src/backend.h"
 
 namespace moekit {
 inline namespace v0 {
@@ -47,7 +47,7 @@ class CudaBackend final : public Backend {
   int device_index_;
 };
 
-// plan_sizes of a grouped GEMM plan (src/cuda/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take, else
+// plan_sizes of a grouped GEMM plan (src/cuda_backend/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take, else
 // the tile choice (plan.kernel_config) and its workspace size.
 void plan_grouped_gemm(moekit_plan& plan, int device_index);
 

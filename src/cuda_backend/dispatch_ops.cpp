@@ -2,7 +2,7 @@
 // kernels of cuda/dispatch/ on the caller's stream. No host synchronisation: the number of valid pairs, and for
 // general routing the number of pairs, stay on the device.
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 #include "cuda/dispatch/dispatch.h"
 
 namespace moekit {

@@ -21,12 +21,12 @@
 #include <vector>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
-#include "cuda/layer_chain.h"
+#include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/layer_chain.h"
 #include "cuda/layers/layer_kernels.h"
 #include "cuda/layers/sparse_ffn_weights.h"
-#include "error.h"
-#include "saved_header.h"
+#include "cuda/common/status_error.h"
+#include "cuda/layers/saved_header.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -12,11 +12,11 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
-#include "cuda/dense_gemm.h"
+#include "src/cuda_backend/cuda_backend.h"
+#include "cuda/dense/dense_gemm.h"
 #include "cuda/sparse_ffn/group_select.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {

@@ -10,10 +10,10 @@
 #include <utility>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 #include "cuda/gemm/grouped_gemm.h"
-#include "error.h"
-#include "gemm_tiling.h"
+#include "cuda/common/status_error.h"
+#include "cuda/gemm/gemm_config.h"
 
 namespace moekit {
 inline namespace v0 {

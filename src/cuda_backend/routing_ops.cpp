@@ -3,9 +3,9 @@
 #include <string>
 
 #include "cuda/common/cuda_check.h"
-#include "cuda/cuda_backend.h"
+#include "src/cuda_backend/cuda_backend.h"
 #include "cuda/routing/router.h"
-#include "error.h"
+#include "cuda/common/status_error.h"
 
 namespace moekit {
 inline namespace v0 {
