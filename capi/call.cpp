@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/alignment.h"
 #include "cuda/common/status_error.h"
 
 namespace moekit {
@@ -13,7 +14,7 @@ namespace {
 
 bool is_cuda(const moekit_handle& handle) { return handle.desc.backend == MOEKIT_BACKEND_CUDA; }
 
-size_t buffer_alignment(const moekit_plan& plan) { return is_cuda(*plan.handle) ? 256 : 16; }
+size_t buffer_alignment(const moekit_plan& plan) { return is_cuda(*plan.handle) ? kSectionAlignment : 16; }
 
 void check_buffer_alignment(const char* name, const void* p, size_t alignment) {
   if (reinterpret_cast<uintptr_t>(p) % alignment != 0)

@@ -93,8 +93,6 @@ void require_router_kind(const char* name, int32_t kind) {
                  "SOFTMAX_TOPK (0), TOPK_SOFTMAX (1), TOPK (2), SIGMOID (3)");
 }
 
-bool is_gated(int32_t activation) { return activation < MOEKIT_ACT_GELU; }
-
 void require_activation_options(int32_t activation, int32_t glu_layout, double glu_limit) {
   require_one_of("activation", activation,
                  {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_GEGLU, MOEKIT_ACT_REGLU, MOEKIT_ACT_SWIGLU_OAI, MOEKIT_ACT_GELU,

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "cuda/common/activation_kind.h"
 #include "moekit/moekit.h"
 #include "src/plan.h"
 
@@ -42,7 +43,6 @@ int64_t resolve_max_pairs(int64_t max_tokens, int64_t top_k, int64_t max_pairs);
 
 void require_router_kind(const char* name, int32_t kind);
 
-bool is_gated(int32_t activation);
 // activation, glu_layout and glu_limit (> 0) of a layer or a GATED / DGATED grouped GEMM.
 void require_activation_options(int32_t activation, int32_t glu_layout, double glu_limit);
 

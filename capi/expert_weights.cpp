@@ -8,7 +8,7 @@ inline namespace v0 {
 namespace capi {
 
 ExpertExtents expert_extents(const moekit_moe_desc_t& d) {
-  const bool gated = is_gated(d.activation);
+  const bool gated = is_gated_activation(d.activation);
   return ExpertExtents{{d.experts, "E"},
                        {gated ? 2 * d.intermediate : d.intermediate, gated ? "2I" : "I"},
                        {d.hidden, "H"},

@@ -39,7 +39,7 @@ void resolve_gemm(const moekit_handle& handle, moekit_gemm_desc_t& d) {
   d.out_dtype = resolve_out_dtype("out_dtype", d.out_dtype, d.dtype);
   if (has_gated_epilogue(d)) {
     require_activation_options(d.activation, d.glu_layout, d.glu_limit);
-    if (is_gated(d.activation) && d.n % 2 != 0)
+    if (is_gated_activation(d.activation) && d.n % 2 != 0)
       throw_invalid("n: a gated activation needs an even h width (gate and up halves), got " + std::to_string(d.n));
     if (d.out_dtype != d.dtype)
       throw_invalid("out_dtype: the GATED and DGATED epilogues store h / dh in the operand dtype");
@@ -59,7 +59,7 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
   const Extent s = gathered ? Extent{leading_extent(source_name, source, "S", d.gather_rows, "gather_rows"), "S"} : m;
   const Extent a_rows = d.gather == MOEKIT_GEMM_GATHER_A ? s : m;
   const Extent e{d.groups, "E"}, n{d.n, "n"}, k{d.k, "k"};
-  const Extent act_width = is_gated(d.activation) ? Extent{d.n / 2, "n/2"} : n;
+  const Extent act_width = is_gated_activation(d.activation) ? Extent{d.n / 2, "n/2"} : n;
   // NOTE: DGATED multiplies into dA, as wide as a (n/2 for a gated activation; e.g. W2 [E, H, I] with n = 2I).
   const Extent b_width = d.epilogue == MOEKIT_EPILOGUE_DGATED ? act_width : n;
 

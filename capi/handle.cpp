@@ -1,4 +1,7 @@
 // Handles (one backend on one device) and the plan queries shared by every operation.
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -36,6 +39,26 @@ const moekit_plan& checked_plan_any(moekit_plan_t plan) {
   if (plan == nullptr) throw_invalid("plan: is NULL");
   return *plan;
 }
+
+}  // namespace
+
+std::string plan_description(moekit_plan_t plan) noexcept {
+  if (plan == nullptr) return {};
+  try {
+    return plan->handle->backend->describe(*plan);
+  } catch (...) {
+    // NOTE: only a failed host allocation can land here; the caller then reads "" (length 0).
+    return {};
+  }
+}
+
+void log_plan_description(moekit_plan_t plan) {
+  const char* log = std::getenv("MOEKIT_LOG_CONFIG");
+  if (log == nullptr || std::strcmp(log, "0") == 0) return;
+  std::fprintf(stderr, "moekit: %s\n", plan_description(plan).c_str());
+}
+
+namespace {
 
 size_t* checked_output(size_t* bytes) {
   if (bytes == nullptr) throw_invalid("bytes: the output pointer is NULL");
@@ -93,6 +116,10 @@ MOEKIT_API moekit_status_t moekit_plan_saved_size(moekit_plan_t plan, size_t* by
     const moekit_plan& p = moekit::capi::checked_plan_any(plan);
     *moekit::capi::checked_output(bytes) = p.saved_bytes;
   });
+}
+
+MOEKIT_API size_t moekit_plan_describe(moekit_plan_t plan, char* buf, size_t cap) {
+  return moekit::capi::copy_text(moekit::capi::plan_description(plan), buf, cap);
 }
 
 }  // extern "C"

@@ -18,6 +18,12 @@ namespace capi {
 
 const moekit_handle& checked_handle(moekit_handle_t handle);
 
+// The plan's moekit_plan_describe text; "" for NULL. Never throws.
+std::string plan_description(moekit_plan_t plan) noexcept;
+
+// With MOEKIT_LOG_CONFIG set (and not "0"), prints the new plan's description on stderr, once.
+void log_plan_description(moekit_plan_t plan);
+
 template <class Desc>
 moekit_status_t create_plan(moekit_handle_t handle, const Desc* desc, moekit_plan_t* plan, OpKind kind,
                             Desc moekit_plan::*member, const char* init_function,
@@ -35,6 +41,7 @@ moekit_status_t create_plan(moekit_handle_t handle, const Desc* desc, moekit_pla
     (*made).*member = resolved;
     h.backend->plan_sizes(*made);
     *plan = made.release();
+    log_plan_description(*plan);
   });
 }
 

@@ -22,6 +22,15 @@ moekit_status_t record_failure(moekit_status_t status, const char* message) noex
   return status;
 }
 
+size_t copy_text(const std::string& text, char* buf, size_t cap) noexcept {
+  if (buf != nullptr && cap > 0) {
+    const size_t copied = text.size() < cap - 1 ? text.size() : cap - 1;
+    std::memcpy(buf, text.data(), copied);
+    buf[copied] = '\0';
+  }
+  return text.size();
+}
+
 }  // namespace capi
 }  // namespace v0
 }  // namespace moekit
@@ -44,13 +53,7 @@ MOEKIT_API const char* moekit_status_string(moekit_status_t status) {
 }
 
 MOEKIT_API size_t moekit_get_last_error(char* buf, size_t cap) {
-  const std::string& message = moekit::capi::last_error;
-  if (buf != nullptr && cap > 0) {
-    size_t copied = message.size() < cap - 1 ? message.size() : cap - 1;
-    std::memcpy(buf, message.data(), copied);
-    buf[copied] = '\0';
-  }
-  return message.size();
+  return moekit::capi::copy_text(moekit::capi::last_error, buf, cap);
 }
 
 MOEKIT_API moekit_tensor_t moekit_tensor_make(void* data, moekit_dtype_t dtype, int32_t rank, const int64_t* shape,

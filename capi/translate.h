@@ -16,6 +16,10 @@ namespace capi {
 // Stores `message` as this thread's last error and returns `status`. Never throws.
 moekit_status_t record_failure(moekit_status_t status, const char* message) noexcept;
 
+// The ABI's text copy-out (moekit_get_last_error, moekit_plan_describe): `text` into buf, NUL-terminated and
+// truncated to cap - 1 characters (nothing written when buf is NULL or cap is 0); returns text's full length.
+size_t copy_text(const std::string& text, char* buf, size_t cap) noexcept;
+
 template <class Body>
 moekit_status_t translate(Body&& body) noexcept {
   try {

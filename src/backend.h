@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
 
 #include "moekit/moekit.h"
 #include "src/plan.h"
@@ -26,6 +27,9 @@ class Backend {
   // Called once by plan creation, after the descriptor is validated: fills plan.workspace_bytes and
   // plan.saved_bytes, or throws NOT_SUPPORTED for a problem this backend cannot run.
   virtual void plan_sizes(moekit_plan& plan) const = 0;
+  // What a plan runs, as text (moekit_plan_describe): plan_summary, then the backend's choice; a layer lists its
+  // building blocks one per line.
+  virtual std::string describe(const moekit_plan& plan) const = 0;
 
   virtual void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void* stream) = 0;
   virtual void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void* stream) = 0;

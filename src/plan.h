@@ -6,7 +6,11 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "cuda/gemm/gemm_config.h"
 #include "moekit/moekit.h"
 
 namespace moekit {
@@ -28,6 +32,17 @@ enum class OpKind {
 
 const char* op_kind_name(OpKind kind);  // "router", "grouped GEMM", ... for messages
 uint64_t next_plan_id();                // unique in the process, never 0; thread-safe
+// "MoE layer (max tokens 4096, hidden 1024, ...; workspace 123 B, saved 456 B)": the operation and its dimensions,
+// the first part of moekit_plan_describe's text.
+std::string plan_summary(const moekit_plan& plan);
+
+// A layer's building-block plans, made once by the backend's plan_sizes and only read by its calls. Each backend's
+// layer code knows its concrete type; `list` names them for moekit_plan_describe.
+class SubPlans {
+ public:
+  virtual ~SubPlans() = default;
+  virtual std::vector<std::pair<const char*, const moekit_plan*>> list() const = 0;
+};
 
 }  // namespace v0
 }  // namespace moekit
@@ -51,5 +66,8 @@ struct moekit_plan {
   moekit_sparse_ffn_desc_t sparse_ffn;
   size_t workspace_bytes;
   size_t saved_bytes;
-  int32_t kernel_config;  // the backend's kernel choice made by plan_sizes (CUDA grouped GEMM: a GemmTile)
+  // CUDA grouped GEMM: every kernel choice, made by plan_sizes; a run only reads it.
+  moekit::GemmConfig gemm_config;
+  // CUDA layers: the building blocks' plans (shared by copies of the plan, never changed after plan_sizes).
+  std::shared_ptr<const moekit::SubPlans> sub_plans;
 };

@@ -10,6 +10,8 @@
 #include <set>
 #include <sstream>
 
+#include "cuda/common/activation_kind.h"
+
 namespace moekit_bench {
 
 namespace {
@@ -238,7 +240,6 @@ void read_shape(const Fields& f, Op op, Shape& shape) {
   }
 }
 
-bool gated(moekit_activation_t a) { return a < MOEKIT_ACT_GELU; }
 
 void read_gemm_options(const Fields& f, CaseConfig& c) {
   c.mode = f.choice("mode", kModes, c.mode);
@@ -254,7 +255,7 @@ void read_gemm_options(const Fields& f, CaseConfig& c) {
     f.fail("gather", "varlen_m gathers A only (\"none\" or \"a\")");
   }
   const bool activated = c.epilogue == MOEKIT_EPILOGUE_GATED || c.epilogue == MOEKIT_EPILOGUE_DGATED;
-  if (activated && gated(c.activation) && c.shape.n % 2 != 0)
+  if (activated && moekit::is_gated_activation(c.activation) && c.shape.n % 2 != 0)
     f.fail("n", "a gated activation needs an even n (h holds both GLU halves), got " + std::to_string(c.shape.n));
   c.beta = f.number("beta", 0.0);
   if (!std::isfinite(c.beta)) f.fail("beta", "expected a finite number, got " + f.at("beta").dump());

@@ -3,13 +3,28 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
-#include "kernel_choice_log.h"
 #include "workload.h"
 
 namespace moekit_bench {
 namespace {
+
+// The library's moekit_plan_describe text of `plan`, one entry per line (a layer's building blocks each on one).
+std::vector<std::string> plan_description_lines(moekit_plan_t plan) {
+  std::string text(moekit_plan_describe(plan, nullptr, 0), '\0');
+  moekit_plan_describe(plan, text.data(), text.size() + 1);
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t end = std::min(text.find('\n', start), text.size());
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
 
 double spread_percent(const std::vector<double>& medians) {
   if (medians.size() < 2) return kNone;
@@ -86,8 +101,8 @@ std::pair<Rounds, Rounds> time_alternating_rounds(Platform& platform, const Call
 void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, WorkModel& model, CallCounts& counts) {
   Platform& platform = context.platform;
   std::unique_ptr<Workload> workload = make_workload(config, config.shape);
-  r.kernel_choices =
-      capture_kernel_choices([&] { check_call(workload->create_plan(context.handle), "plan creation"); });
+  check_call(workload->create_plan(context.handle), "plan creation");
+  r.kernel_choices = plan_description_lines(workload->plan());
   r.workspace_bytes = workload->workspace_bytes();
   r.saved_bytes = workload->saved_bytes();
   model = workload->model();

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/common/activation_kind.h"
 #include "moekit/moekit.h"
 
 namespace moekit {
@@ -16,11 +17,6 @@ struct DeviceActivation {
   int32_t kind;  // moekit_activation_t
   float limit;   // SWIGLU_OAI's L
 };
-
-__host__ __device__ constexpr bool is_gated_activation(int32_t kind) {
-  return kind == MOEKIT_ACT_SWIGLU || kind == MOEKIT_ACT_GEGLU || kind == MOEKIT_ACT_REGLU ||
-         kind == MOEKIT_ACT_SWIGLU_OAI;
-}
 
 namespace activation_math {
 

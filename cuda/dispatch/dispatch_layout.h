@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "cuda/common/alignment.h"
 #include "cuda/common/status_error.h"
 
 namespace moekit {
@@ -31,8 +32,6 @@ constexpr int kDispatchMaxWarps = 8;
 // NOTE: the opt-in shared memory of one block on every sm_90 part (H100, H200, H20): 227 KiB.
 constexpr size_t kDispatchSharedBudget = 227 * 1024;
 
-inline size_t dispatch_align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // Shared memory of the scatter kernel: expert bases [E] int32, 32 warp sums int32, per-warp counters [warps, E] u16.
 inline size_t dispatch_scatter_shared_bytes(int64_t experts, int warps) {
   return static_cast<size_t>(experts) * 4 + 32 * 4 + static_cast<size_t>(warps) * static_cast<size_t>(experts) * 2;
@@ -51,8 +50,8 @@ inline DispatchLayout dispatch_layout(int64_t experts, int64_t max_pairs) {
   l.chunk_pairs = static_cast<int64_t>(l.warps) * 32 * kDispatchItemsPerLane;
   l.max_chunks = max_pairs > 0 ? (max_pairs + l.chunk_pairs - 1) / l.chunk_pairs : 1;
   l.counts_offset = 0;
-  l.totals_offset = dispatch_align256(static_cast<size_t>(l.max_chunks) * static_cast<size_t>(experts) * 4);
-  l.workspace_bytes = l.totals_offset + dispatch_align256(static_cast<size_t>(experts) * 4);
+  l.totals_offset = align_to_sections(static_cast<size_t>(l.max_chunks) * static_cast<size_t>(experts) * 4);
+  l.workspace_bytes = l.totals_offset + align_to_sections(static_cast<size_t>(experts) * 4);
   l.scatter_shared_bytes = dispatch_scatter_shared_bytes(experts, l.warps);
   l.count_shared_bytes = static_cast<size_t>(experts) * 4;
   return l;

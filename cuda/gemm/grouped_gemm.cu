@@ -1,6 +1,6 @@
 // The grouped GEMM's launches around the tile kernel: the varlen-M row-tile list built on the device from the
-// offsets (no host sync), the choice of the tile kernel instantiation, and DGATED's fixed-order sum of each row's
-// per-column-tile dots into dscores.
+// offsets (no host sync), the tile kernel instantiation of the plan's GemmKernel, and DGATED's fixed-order sum of
+// each row's per-column-tile dots into dscores.
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -146,11 +146,10 @@ void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& 
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, paired, stream);
 }
 
-void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, cudaStream_t stream) {
-  const GemmTileShape shape = gemm_tile_shape(tile);
-  // varlen K with B gathered runs as its transpose (transposed_weight_gradient); C's map stays the caller's.
-  const GroupedGemmProblem p =
-      transposed_weight_gradient(caller) ? transpose_weight_gradient(caller, shape.bn) : caller;
+void launch_wgmma(const GroupedGemmProblem& caller, const GemmKernel& kernel, cudaStream_t stream) {
+  const GemmTileShape shape = gemm_tile_shape(kernel.tile);
+  // A transposed varlen K runs C^T = B^T A; C's map stays the caller's.
+  const GroupedGemmProblem p = kernel.transposed ? transpose_weight_gradient(caller, shape.bn) : caller;
   WgmmaOperandMaps maps{};
   if (p.mode == MOEKIT_GEMM_VARLEN_M) {
     // NK: boxes of half a tile's columns; KN: boxes of one 64-deep slice's rows.
@@ -158,66 +157,57 @@ void launch_wgmma(const GroupedGemmProblem& caller, GemmTile tile, bool paired, 
     maps.b = make_weight_tensor_map(p, box_rows);
     // A and h: boxes of a whole row tile.
     const int row_tile = static_cast<int>(shape.bm);
-    if (p.gather != MOEKIT_GEMM_GATHER_A && p.rows > 0) maps.a = make_activation_tensor_map(p, row_tile);
-    if (p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0) maps.h = make_dgated_h_tensor_map(p, row_tile);
+    if (kernel.a == OperandMove::tma) maps.a = make_activation_tensor_map(p, row_tile);
+    if (kernel.epilogue == OperandMove::tma) maps.h = make_dgated_h_tensor_map(p, row_tile);
   } else if (p.rows > 0) {
     maps.b = make_reduction_rows_tensor_map(p);
   }
-  // varlen M pairs any tile list (padded to an even count); varlen K only where pairs_weight_gradient says.
-  const bool pair = paired && (p.mode == MOEKIT_GEMM_VARLEN_M || pairs_weight_gradient(p, shape.bm));
-  maps.c_by_tma = output_by_tma(caller);
+  maps.c_by_tma = kernel.c != OutputMove::threads;
   if (maps.c_by_tma) maps.c = make_output_tensor_map(caller);
   if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
-  int device = 0, sm_count = 0;
-  check_cuda(cudaGetDevice(&device), "grouped GEMM (wgmma): device");
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "grouped GEMM (wgmma): SMs");
+  const bool paired = kernel.cluster == 2;
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
-  if (tile == GemmTile::m128_n256) {
+  if (kernel.tile == GemmTile::m128_n256) {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, sm_count, pair, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, kernel.ctas, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, sm_count, pair, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, kernel.ctas, paired, stream);
   } else {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, sm_count, pair, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, kernel.ctas, paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, sm_count, pair, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, kernel.ctas, paired, stream);
   }
-}
-
-// The wgmma kernel's varlen-K copies address a row as a 32-bit row times a 32-bit stride in bytes; rows of 2 Gi
-// values or more (never seen in practice) take the mma.sync kernel, whose workspace is the same (none).
-bool varlen_k_strides_fit(const GroupedGemmProblem& p) {
-  const int64_t limit = int64_t{UINT32_MAX} / 2;  // elements of 2 bytes
-  return p.lda <= limit && p.ldb <= limit;
 }
 
 }  // namespace
 
-void run_grouped_gemm(GroupedGemmProblem p, GemmTile tile, GemmPath path, const GemmWorkspaceLayout& layout,
+void run_grouped_gemm(GroupedGemmProblem p, const GemmKernel& kernel, const GemmWorkspaceLayout& layout,
                       void* workspace, cudaStream_t stream) {
+  const bool varlen_m = p.mode == MOEKIT_GEMM_VARLEN_M;
+  // No grouped rows: varlen M has nothing to read or write (varlen K still writes C = beta C).
+  if (varlen_m && p.rows == 0) return;
   auto* base = static_cast<unsigned char*>(workspace);
   p.m_tiles = layout.m_tiles;
   p.n_tiles = layout.n_tiles;
-  const bool varlen_m = p.mode == MOEKIT_GEMM_VARLEN_M;
   if (varlen_m) {
     p.tile_count = reinterpret_cast<int32_t*>(base + layout.tile_count);
     p.tile_starts = reinterpret_cast<int32_t*>(base + layout.tile_starts);
     p.tile_list = reinterpret_cast<int32_t*>(base + layout.tile_list);
     if (p.epilogue == MOEKIT_EPILOGUE_DGATED) p.ds_partials = reinterpret_cast<float*>(base + layout.ds_partials);
-    build_row_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.offsets, p.groups, p.rows, gemm_tile_shape(tile).bm,
-                                                           layout.pair_tiles, p.m_tiles, p.tile_count,
+    build_row_tiles_kernel<<<1, kListThreads, 0, stream>>>(p.offsets, p.groups, p.rows, gemm_tile_shape(kernel.tile).bm,
+                                                           kernel.pad_tile_pairs, p.m_tiles, p.tile_count,
                                                            p.tile_starts, reinterpret_cast<int4*>(p.tile_list));
     check_launch("grouped GEMM: row tile list");
   }
-  if ((path == GemmPath::wgmma || path == GemmPath::wgmma_pair) && (varlen_m || varlen_k_strides_fit(p))) {
-    launch_wgmma(p, tile, path == GemmPath::wgmma_pair, stream);
+  if (kernel.path == GemmPath::wgmma) {
+    launch_wgmma(p, kernel, stream);
   } else {
     const Operands op = !varlen_m                        ? Operands::varlen_k
                         : p.b_layout == MOEKIT_GEMM_B_NK ? Operands::varlen_m_nk
                                                          : Operands::varlen_m_kn;
-    const TileLauncher launch = p.dtype == MOEKIT_DTYPE_BF16 ? launcher_for_tile<MOEKIT_DTYPE_BF16>(tile, op)
-                                                             : launcher_for_tile<MOEKIT_DTYPE_FP16>(tile, op);
+    const TileLauncher launch = p.dtype == MOEKIT_DTYPE_BF16 ? launcher_for_tile<MOEKIT_DTYPE_BF16>(kernel.tile, op)
+                                                             : launcher_for_tile<MOEKIT_DTYPE_FP16>(kernel.tile, op);
     launch(p, stream);
   }
   if (varlen_m && p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0) {

@@ -52,7 +52,7 @@ struct GroupedGemmProblem {
   int64_t ldc;
   int64_t c_group_stride;
   bool c_fp32;         // C in fp32 (STORE / BIAS), else the operand dtype
-  // varlen K run as its transpose (the wgmma kernel, transposed_weight_gradient): a, b, m, n and gather are those of
+  // varlen K run as its transpose (GemmKernel::transposed): a, b, m, n and gather are those of
   // C^T = B^T A, and the tiles are stored transposed through the map of the caller's C.
   bool c_transposed;
 
@@ -77,10 +77,10 @@ struct GroupedGemmProblem {
   float* ds_partials;
 };
 
-// Enqueues the grouped GEMM on `stream`: for varlen M first the row-tile list (a one-block kernel reading the
-// offsets), then the tiles (GemmPath::wgmma: the persistent sm_90a kernel, which the plan chose only where
-// wgmma_capable), then for DGATED the sum of each row's per-tile dots into dscores. No host sync.
-void run_grouped_gemm(GroupedGemmProblem problem, GemmTile tile, GemmPath path, const GemmWorkspaceLayout& layout,
+// Enqueues the grouped GEMM on `stream` with the plan's `kernel` (GemmConfig::for_call): for varlen M first the
+// row-tile list (a one-block kernel reading the offsets), then the tiles (the mma.sync kernel or the persistent sm_90a
+// wgmma kernel), then for DGATED the sum of each row's per-tile dots into dscores. No host sync.
+void run_grouped_gemm(GroupedGemmProblem problem, const GemmKernel& kernel, const GemmWorkspaceLayout& layout,
                       void* workspace, cudaStream_t stream);
 
 // One instantiation of the tile kernel per translation unit (grouped_gemm_<operands>_<dtype>_<tile>.cu).

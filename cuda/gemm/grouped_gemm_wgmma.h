@@ -1,6 +1,6 @@
 // Host-callable pieces of the sm_90a grouped GEMM path (grouped_gemm_wgmma_kernel.cuh): the TMA descriptors of its
-// operands and the persistent tile kernel's launch. run_grouped_gemm calls them when the plan chose
-// GemmPath::wgmma (cuda/gemm/gemm_config.h). Plain C++.
+// operands and the persistent tile kernel's launch. run_grouped_gemm calls them for a kernel of GemmPath::wgmma
+// (cuda/gemm/gemm_config.h). Plain C++.
 #pragma once
 
 #include <cuda.h>
@@ -28,11 +28,6 @@ CUtensorMap make_activation_tensor_map(const GroupedGemmProblem& p, int box_rows
 // The TMA map of varlen K's operand that is not gathered (B [rows, n], or A [rows, m] when B is gathered) as rank 3
 // (columns, rows, 1), boxes of 64 columns x 64 reduction rows: each box one 8 KiB block of the MN-major layout.
 CUtensorMap make_reduction_rows_tensor_map(const GroupedGemmProblem& p);
-// Whether a varlen-K problem, as the kernel runs it (after transpose_weight_gradient), can take paired CTAs: B is
-// the operand loaded by TMA, which the two CTAs of a pair share (m tiles 2i and 2i + 1 of one group, the same
-// column tile), and each group's m tiles of bm rows pair up (an even count). Else launch_wgmma runs it unpaired.
-bool pairs_weight_gradient(const GroupedGemmProblem& p, int64_t bm);
-
 // The TMA maps the persistent wgmma kernel reads, one kernel parameter.
 struct WgmmaOperandMaps {
   CUtensorMap b;  // varlen M: B's; varlen K: that of the operand that is not gathered
@@ -40,19 +35,12 @@ struct WgmmaOperandMaps {
   CUtensorMap c;  // with c_by_tma: C's (make_output_tensor_map)
   CUtensorMap h;  // DGATED: h's (make_dgated_h_tensor_map); unused otherwise
   CUtensorMap act;  // GATED with c_by_tma: a's (make_gated_act_tensor_map); unused otherwise
-  // The epilogue writes C by TMA from shared memory (varlen K: stores for beta = 0 into C of the operand dtype,
-  // reduce-adds for beta = 1 into an fp32 C; varlen M STORE, and GATED's h and a: stores of each consumer's 64 rows
-  // that lie wholly inside the tile's group, the rest by the threads); else every thread stores its values.
+  // The epilogue writes C by TMA from shared memory (the kernel's GemmKernel::c: varlen K stores into C of the
+  // operand dtype or reduce-adds into an fp32 C; varlen M STORE, and GATED's h and a: stores of each consumer's 64
+  // rows that lie wholly inside the tile's group, the rest by the threads); else every thread stores its values.
   bool c_by_tma;
 };
-// Whether the wgmma kernel stores C by TMA for this problem (see WgmmaOperandMaps::c_by_tma).
-bool output_by_tma(const GroupedGemmProblem& p);
-// Whether the wgmma kernel runs a varlen-K problem as its transpose C^T = B^T A: where B is the gathered operand
-// (the weight gradient dW1 = dh^T x with x gathered) and C is stored by TMA in the operand dtype (beta = 0), so the
-// gathered rows are the 128-wide A copied by cp.async (half the copies of a 256-wide B per slice) and the other
-// operand the 256-wide B loaded by TMA.
-bool transposed_weight_gradient(const GroupedGemmProblem& p);
-// The transposed problem: A and B, m and n swapped, A gathered, n_tiles for column tiles of bn, c_transposed set (C
+// A varlen-K problem as its transpose C^T = B^T A (GemmKernel::transposed): A and B, m and n swapped, A gathered, n_tiles for column tiles of bn, c_transposed set (C
 // itself, its strides and its map stay the caller's).
 GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_t bn);
 // The TMA map of C for the epilogue's stores: varlen K's C [E, m, n] as (n, m, E), varlen M's C [rows, n] as
@@ -68,7 +56,7 @@ CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // Enqueues the persistent wgmma tile kernel, a programmatic dependent of the kernel before it on `stream` (it waits
 // for that kernel before reading anything): varlen M over the row-tile list run_grouped_gemm built, varlen K over
 // group x m tile x n tile; min(tiles bound, sm_count) CTAs, or with `paired` (varlen M: a tile list padded to an
-// even count; varlen K: pairs_weight_gradient) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by
+// even count; varlen K: an even m tile count per group, B not gathered) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by
 // multicast within a group.
 // `Activated`: the kernel for the layout's activation epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others
 // take STORE and BIAS. One instantiation per translation unit

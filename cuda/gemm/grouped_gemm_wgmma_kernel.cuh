@@ -818,9 +818,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   const uint32_t empty_bars = full_bars + 8 * S;                               // [S] a slot read by the consumers
   const int tid = static_cast<int>(threadIdx.x);
   const int warpgroup = tid / 128, wg_tid = tid % 128;
-  // Paired CTAs (launched in clusters of 2, GemmPath::wgmma_pair): the two CTAs of a cluster take a pair of
+  // Paired CTAs (launched in clusters of 2, GemmKernel::cluster): the two CTAs of a cluster take a pair of
   // consecutive row tiles at the same column tile — varlen M: of the tile list, padded to an even count; varlen K: m
-  // tiles 2i and 2i + 1 of one group (pairs_weight_gradient: B by TMA, an even m tile count). When both are of one
+  // tiles 2i and 2i + 1 of one group (B by TMA, an even m tile count: cuda/gemm/gemm_config.cpp). When both are of one
   // group each loads half of the B tile and multicasts it to both (varlen K: in the slices wholly inside the group),
   // else (a varlen-M pair across a group boundary) each loads its own. Either way a ring slot is reused only when
   // the consumers of both CTAs have released it.

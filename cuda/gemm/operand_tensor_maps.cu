@@ -86,31 +86,6 @@ CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows) 
   return matrix_map(p.dtype, p.h, width, p.rows, p.ldh, box_rows);
 }
 
-bool output_by_tma(const GroupedGemmProblem& p) {
-  // TMA strides are multiples of 16 bytes (row strides are multiples of 8 elements by the preconditions; varlen K's
-  // group stride is checked here).
-  const bool store = p.beta == 0.0f && !p.c_fp32;
-  if (p.mode == MOEKIT_GEMM_VARLEN_M) {
-    // GATED: h and a by TMA for a gated activation in the CONCAT layout with alpha = 1 and no bias (the layer's
-    // up-projection), whose boxes of 64 activation columns end at I (the gate's never reach into the up columns);
-    // every other GATED by the threads.
-    if (p.epilogue == MOEKIT_EPILOGUE_GATED)
-      return is_gated_activation(p.activation) && p.glu_layout == MOEKIT_GLU_CONCAT && p.alpha == 1.0f &&
-             p.bias == nullptr && p.act_width % 64 == 0 && p.rows > 0;
-    // STORE (no bias, no activation) into C of the operand dtype.
-    return p.epilogue == MOEKIT_EPILOGUE_STORE && store && p.rows > 0 && p.n > 0;
-  }
-  // Varlen K is STORE only: TMA stores for beta = 0 into C of the operand dtype, TMA reduce-adds for beta = 1 into an
-  // fp32 C.
-  const bool add = p.beta == 1.0f && p.c_fp32;
-  return (store || add) && p.c_group_stride % 8 == 0 && p.m > 0 && p.n > 0;
-}
-
-bool transposed_weight_gradient(const GroupedGemmProblem& p) {
-  // NOTE: varlen K by TMA with a C of the operand dtype is beta = 0 (output_by_tma).
-  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather == MOEKIT_GEMM_GATHER_B && !p.c_fp32 && output_by_tma(p);
-}
-
 GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_t bn) {
   GroupedGemmProblem t = p;
   t.a = p.b;
@@ -123,10 +98,6 @@ GroupedGemmProblem transpose_weight_gradient(const GroupedGemmProblem& p, int64_
   t.n_tiles = (t.n + bn - 1) / bn;
   t.c_transposed = true;
   return t;
-}
-
-bool pairs_weight_gradient(const GroupedGemmProblem& p, int64_t bm) {
-  return p.mode == MOEKIT_GEMM_VARLEN_K && p.gather != MOEKIT_GEMM_GATHER_B && (p.m + bm - 1) / bm % 2 == 0;
 }
 
 CUtensorMap make_output_tensor_map(const GroupedGemmProblem& p) {

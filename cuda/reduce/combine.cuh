@@ -12,6 +12,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
+#include <mutex>
 
 #include "cuda/common/cuda_check.h"
 #include "cuda/common/storage.cuh"
@@ -214,6 +216,22 @@ __global__ void __launch_bounds__(combine_block_threads, Variant::min_blocks)
   } while (step.token < problem.tokens);
 }
 
+// Blocks of `block_threads` threads one SM holds at once (the occupancy calculator). The answer depends only on the
+// kernel and the block size (every device the backend takes is sm_90), so each is asked once per process.
+template <class T, class Variant>
+int resident_combine_blocks(int block_threads) {
+  static std::mutex mutex;
+  static std::map<int, int> known;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = known.find(block_threads);
+  if (found != known.end()) return found->second;
+  int resident = 0;
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, combine_kernel<T, Variant>, block_threads, 0),
+             "combine: occupancy");
+  known.emplace(block_threads, resident);
+  return resident;
+}
+
 // At most as many blocks as the device holds at once: the token groups walk the rest.
 template <class T, class Variant>
 void launch_combine(const CombineProblem& problem, cudaStream_t stream) {
@@ -221,13 +239,8 @@ void launch_combine(const CombineProblem& problem, cudaStream_t stream) {
   const int64_t token_threads = combine_token_threads(problem.hidden / Vec16<T>::size, Variant::vectors_per_thread);
   const int64_t groups_per_block = combine_block_threads / token_threads;
   const int block_threads = static_cast<int>(groups_per_block * token_threads);
-  int device = 0, sm_count = 0, resident = 0;
-  check_cuda(cudaGetDevice(&device), "combine: device");
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "combine: SM count");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, combine_kernel<T, Variant>, block_threads, 0),
-             "combine: occupancy");
   const int64_t blocks = std::min((problem.tokens + groups_per_block - 1) / groups_per_block,
-                                  static_cast<int64_t>(sm_count) * resident);
+                                  static_cast<int64_t>(problem.sm_count) * resident_combine_blocks<T, Variant>(block_threads));
   combine_kernel<T, Variant><<<static_cast<unsigned>(blocks), static_cast<unsigned>(block_threads), 0, stream>>>(
       problem, static_cast<int>(token_threads));
   check_launch("combine kernel");

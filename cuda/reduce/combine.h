@@ -43,7 +43,8 @@ struct CombineProblem {
   const int32_t* tok_offsets;  // [T+1], variable top-k only
   void* out;                   // [T, H] storage dtype, rows out_stride elements apart (a multiple of 8)
   int64_t out_stride;
-  float beta;  // 0: out is never read
+  float beta;    // 0: out is never read
+  int sm_count;  // the device's multiprocessors (the grid bound)
 };
 
 // One per storage dtype (combine.cu). Only enqueue on `stream`.

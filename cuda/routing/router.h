@@ -65,7 +65,8 @@ struct RouterProblem {
   int64_t top_k;    // 1 <= K <= min(E, 32)
   moekit_router_kind_t kind;
   bool renormalize;
-  float scale;  // SIGMOID kind
+  float scale;   // SIGMOID kind
+  int sm_count;  // the device's multiprocessors (the forward's grid bound)
 };
 
 struct RouterForwardArgs {

@@ -264,11 +264,7 @@ void launch_router_forward_shape(const RouterProblem& problem, const RouterForwa
 
 template <class T>
 void launch_router_forward(const RouterProblem& problem, const RouterForwardArgs& args, cudaStream_t stream) {
-  int device = 0, sm_count = 0;
-  check_cuda(cudaGetDevice(&device), "router forward: cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device),
-             "router forward: SM count");
-  int64_t blocks = router_forward_blocks(problem.tokens, problem.experts, sm_count);
+  int64_t blocks = router_forward_blocks(problem.tokens, problem.experts, problem.sm_count);
   // NOTE: a workspace sized on another device (fewer SMs) bounds the grid; the kernels loop over rows anyway.
   const int64_t fitting = static_cast<int64_t>(args.workspace_bytes / (sizeof(int32_t) * problem.experts));
   if (args.counts && blocks > fitting) blocks = fitting;

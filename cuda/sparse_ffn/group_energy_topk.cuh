@@ -181,12 +181,7 @@ __global__ void __launch_bounds__(kEnergyWarpsPerBlock * 32, 3) group_energy_top
 template <class T>
 void launch_group_energy_topk_typed(const GroupEnergyArgs& args, cudaStream_t stream) {
   if (args.tokens == 0) return;
-  int device = 0;
-  check_cuda(cudaGetDevice(&device), "group select: cudaGetDevice");
-  int sm_count = 0, smem_optin = 0;
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device), "group select: SM count");
-  check_cuda(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-             "group select: shared memory size");
+  const int64_t sm_count = args.sm_count, smem_optin = args.shared_bytes_optin;
   const int64_t per_warp = group_energy_smem_per_warp(args.groups, args.top_groups);
   int64_t warps = smem_optin / per_warp;
   if (warps > kEnergyWarpsPerBlock) warps = kEnergyWarpsPerBlock;
@@ -198,7 +193,7 @@ void launch_group_energy_topk_typed(const GroupEnergyArgs& args, cudaStream_t st
                "group select: shared memory opt-in");
   // Enough blocks to fill every SM a few times over; the token loop covers the rest.
   int64_t blocks = (args.tokens + warps - 1) / warps;
-  if (blocks > 8LL * sm_count) blocks = 8LL * sm_count;
+  if (blocks > 8 * sm_count) blocks = 8 * sm_count;
   group_energy_topk_kernel<T><<<static_cast<unsigned>(blocks), static_cast<unsigned>(warps * 32), smem, stream>>>(args);
   check_launch("group select: energy and top-k kernel");
 }

@@ -43,6 +43,8 @@ struct GroupEnergyArgs {
   int64_t top_groups;       // kg
   int32_t* groups_out;      // [tokens, kg], rows groups_stride elements apart
   int64_t groups_stride;
+  int sm_count;             // the device's multiprocessors
+  int shared_bytes_optin;   // the most dynamic shared memory one block may opt in to
 };
 void launch_group_energy_topk(Storage storage, const GroupEnergyArgs& args, cudaStream_t stream);
 

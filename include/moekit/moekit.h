@@ -178,6 +178,14 @@ MOEKIT_API moekit_status_t moekit_plan_workspace_size(moekit_plan_t plan, size_t
  * building blocks and in inference mode). 256-byte aligned device memory on a CUDA handle (16-byte aligned host
  * memory on a reference handle). */
 MOEKIT_API moekit_status_t moekit_plan_saved_size(moekit_plan_t plan, size_t* bytes);
+/* What the plan runs, as text: the operation and its dimensions, the sizes, then the backend's choice — on a CUDA
+ * handle each grouped GEMM's kernel configuration (kernel family, tile, cluster, transposition, how A, B and C move,
+ * and, where a choice depends on the call's beta, alpha, bias or row strides, the kernel of each case); a layer
+ * lists its building blocks, one per line. The configuration is fixed when the plan is created: a run executes what
+ * this text says. Copies the text (NUL-terminated, truncated to cap - 1 characters) into buf and returns its full
+ * length without the NUL, as moekit_get_last_error does; buf may be NULL when cap is 0 (to query the length). A NULL
+ * plan gives "" and 0. Setting MOEKIT_LOG_CONFIG=1 prints the same text on stderr once, when a plan is created. */
+MOEKIT_API size_t moekit_plan_describe(moekit_plan_t plan, char* buf, size_t cap);
 
 /* ------------------------------------------------------------------------------------------------ */
 /* Shared enumerations                                                                              */

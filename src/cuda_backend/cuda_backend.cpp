@@ -38,6 +38,7 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
     throw_not_supported("device_index: CUDA device " + std::to_string(device_index) + " (" + prop.name +
                         ") has compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
                         "; the CUDA backend needs 9.x (Hopper, sm_90)");
+  facts_ = DeviceFacts{prop.multiProcessorCount, prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin)};
 }
 
 void CudaBackend::plan_sizes(moekit_plan& plan) const {
@@ -47,11 +48,11 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
     if (plan.router.experts > routing::max_router_experts)
       throw_not_supported("experts: the CUDA router holds at most " + std::to_string(routing::max_router_experts) +
                           " experts per row, got " + std::to_string(plan.router.experts));
-    int sm_count = 0;
-    check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index_), "router: SM count");
-    plan.workspace_bytes = routing::router_workspace_bytes(plan.router.max_tokens, plan.router.experts, sm_count);
+    plan.workspace_bytes =
+        routing::router_workspace_bytes(plan.router.max_tokens, plan.router.experts, facts_.sm_count);
   }
-  if (plan.kind == OpKind::gemm) plan_grouped_gemm(plan, device_index_);
+  if (plan.kind == OpKind::gemm)
+    plan_grouped_gemm(plan, GemmDevice{facts_.sm_count, facts_.cc_major, facts_.cc_minor});
   if (plan.kind == OpKind::dispatch)
     plan.workspace_bytes = dispatch_layout(plan.dispatch.experts, plan.dispatch.max_pairs).workspace_bytes;
   if (plan.kind == OpKind::group_select)
@@ -62,6 +63,18 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
+}
+
+std::string CudaBackend::describe(const moekit_plan& plan) const {
+  std::string text = plan_summary(plan) + ": CUDA device " + std::to_string(device_index_) + " (" +
+                     std::to_string(facts_.sm_count) + " SMs)";
+  if (plan.kind == OpKind::gemm) text += ", " + describe_gemm_config(plan.gemm, plan.gemm_config);
+  if (plan.sub_plans)
+    for (const auto& [name, sub] : plan.sub_plans->list()) {
+      text += std::string("\n  ") + name + ": " + plan_summary(*sub);
+      if (sub->kind == OpKind::gemm) text += ", " + describe_gemm_config(sub->gemm, sub->gemm_config);
+    }
+  return text;
 }
 
 }  // namespace cuda

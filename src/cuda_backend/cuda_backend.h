@@ -2,11 +2,21 @@
 // kernels do not serve reports NOT_SUPPORTED, so a framework falls back to another path.
 #pragma once
 
+#include <string>
+
+#include "cuda/gemm/gemm_config.h"
 #include "src/backend.h"
 
 namespace moekit {
 inline namespace v0 {
 namespace cuda {
+
+// The device facts the kernels' launches read, queried once when the handle is created.
+struct DeviceFacts {
+  int sm_count;
+  int cc_major, cc_minor;
+  int shared_bytes_optin;  // the most dynamic shared memory one block may opt in to
+};
 
 class CudaBackend final : public Backend {
  public:
@@ -16,6 +26,7 @@ class CudaBackend final : public Backend {
   moekit_device_t device() const override { return moekit_device_t{MOEKIT_DEVICE_CUDA, device_index_}; }
 
   void plan_sizes(moekit_plan& plan) const override;
+  std::string describe(const moekit_plan& plan) const override;
 
   void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) override;
   void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) override;
@@ -45,25 +56,12 @@ class CudaBackend final : public Backend {
   void sparse_ffn_layer_sizes(moekit_plan& plan) const;  // sparse_ffn_layer_ops.cpp
 
   int device_index_;
+  DeviceFacts facts_;
 };
 
-// plan_sizes of a grouped GEMM plan (src/cuda_backend/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take, else
-// the tile choice (plan.kernel_config) and its workspace size.
-void plan_grouped_gemm(moekit_plan& plan, int device_index);
-
-// With MOEKIT_LOG_CONFIG=1, plan_grouped_gemm prints its choice on stderr. Layer calls re-size their building
-// blocks' plans on every call; while one of these lives on a thread, that thread prints nothing, so the choices
-// appear once, when the layer's plan is created.
-class KernelChoiceLogMute {
- public:
-  KernelChoiceLogMute();
-  ~KernelChoiceLogMute();
-  KernelChoiceLogMute(const KernelChoiceLogMute&) = delete;
-  KernelChoiceLogMute& operator=(const KernelChoiceLogMute&) = delete;
-
- private:
-  bool was_muted_;
-};
+// plan_sizes of a grouped GEMM plan (src/cuda_backend/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take,
+// else the configuration (plan.gemm_config) and its workspace size.
+void plan_grouped_gemm(moekit_plan& plan, const GemmDevice& device);
 
 }  // namespace cuda
 }  // namespace v0

@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
@@ -43,7 +44,7 @@ ExpertsBuffers experts_buffers(const moekit_plan& layer, const ExpertMlpPlans& p
   const size_t es = storage_bytes(d.dtype);
   ExpertsBuffers b{};
   b.scratch_bytes = 0;
-  for (const moekit_plan* sub : {&p.up, &p.down, &p.dgated, &p.dxe, &p.dw2, &p.dw1, &p.db1, &p.db2})
+  for (const auto& [name, sub] : layer.sub_plans->list())
     b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
   Carve ws(workspace);
   b.scratch = ws.take(b.scratch_bytes);
@@ -61,31 +62,23 @@ ExpertsBuffers experts_buffers(const moekit_plan& layer, const ExpertMlpPlans& p
   return b;
 }
 
-void size_all(const CudaBackend& backend, ExpertMlpPlans& p, bool backward) {
-  for (moekit_plan* sub : {&p.up, &p.down}) backend.plan_sizes(*sub);
-  if (backward)
-    for (moekit_plan* sub : {&p.dgated, &p.dxe, &p.dw2, &p.dw1, &p.db1, &p.db2}) backend.plan_sizes(*sub);
-}
-
 }  // namespace
 
 void CudaBackend::experts_layer_sizes(moekit_plan& plan) const {
   const moekit_moe_desc_t& d = plan.moe;
   if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
     throw_not_supported("dtype: the CUDA experts layer takes bf16 or fp16 storage");
-  ExpertMlpPlans p = experts_plans(plan);
-  size_all(*this, p, !d.inference);
+  plan.sub_plans = std::make_shared<const LayerPlans<ExpertMlpPlans>>(*this, experts_plans(plan), !d.inference);
+  const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
   set_layer_sizes(plan, d.inference,
                   [&](bool backward) { return experts_buffers(plan, p, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,
                                   Workspace ws, void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
-  ExpertMlpPlans p = experts_plans(plan);
-  size_all(*this, p, false);
+  const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
   const ExpertsBuffers b = experts_buffers(plan, p, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t P = args.x.shape[0];
@@ -105,13 +98,11 @@ void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_
 
 void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts_bwd_args_t& args, const void* saved,
                                    Workspace ws, void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;
   const cudaStream_t stream = as_stream(stream_ptr);
-  ExpertMlpPlans p = experts_plans(plan);
-  size_all(*this, p, true);
+  const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
   // NOTE: the backward only reads the saved h; the const_cast lets one carving serve both directions.
   const ExpertsBuffers b = experts_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};

@@ -3,9 +3,7 @@
 // strides in whole 16-byte vectors), fills the kernels' problem from the views and enqueues cuda/gemm/.
 #include <cuda_runtime.h>
 
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -13,6 +11,7 @@
 #include "src/cuda_backend/cuda_backend.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/common/status_error.h"
+#include "cuda/common/activation_kind.h"
 #include "cuda/gemm/gemm_config.h"
 
 namespace moekit {
@@ -20,11 +19,6 @@ inline namespace v0 {
 namespace cuda {
 
 namespace {
-
-bool gated_activation(int32_t activation) {
-  return activation == MOEKIT_ACT_SWIGLU || activation == MOEKIT_ACT_GEGLU || activation == MOEKIT_ACT_REGLU ||
-         activation == MOEKIT_ACT_SWIGLU_OAI;
-}
 
 // The stride between rows `dim` and `dim + 1` apart; a dimension of extent 1 may carry any stride (capi allows
 // it), and its rows are never stepped over, so the dense stride stands in.
@@ -47,24 +41,9 @@ void require_vector_strides(const char* name, const moekit_tensor_t& t) {
   for (int d = 0; d + 1 < t.rank; ++d) require_multiple_of_8(name, "every row stride", stride_of(t, d));
 }
 
-thread_local bool kernel_choice_log_muted = false;
-
-// MOEKIT_LOG_CONFIG=1 (anything but "0"): the kernel chosen for a grouped GEMM plan, one line on stderr.
-void log_gemm_config(const moekit_gemm_desc_t& d, GemmPath path, GemmTile tile) {
-  const char* log = std::getenv("MOEKIT_LOG_CONFIG");
-  if (kernel_choice_log_muted || log == nullptr || std::strcmp(log, "0") == 0) return;
-  std::fprintf(stderr, "moekit: grouped GEMM %s, %lld groups, n %lld, k %lld, epilogue %d, dtype %d: %s %s\n",
-               d.mode == MOEKIT_GEMM_VARLEN_K ? "varlen K" : "varlen M", static_cast<long long>(d.groups),
-               static_cast<long long>(d.n), static_cast<long long>(d.k), d.epilogue, d.dtype, gemm_path_name(path),
-               gemm_tile_name(tile));
-}
-
 }  // namespace
 
-KernelChoiceLogMute::KernelChoiceLogMute() : was_muted_(kernel_choice_log_muted) { kernel_choice_log_muted = true; }
-KernelChoiceLogMute::~KernelChoiceLogMute() { kernel_choice_log_muted = was_muted_; }
-
-void plan_grouped_gemm(moekit_plan& plan, int device_index) {
+void plan_grouped_gemm(moekit_plan& plan, const GemmDevice& device) {
   const moekit_gemm_desc_t& d = plan.gemm;
   if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
     throw_not_supported("dtype: the CUDA grouped GEMM multiplies bf16 or fp16 operands, not dtype " +
@@ -72,21 +51,10 @@ void plan_grouped_gemm(moekit_plan& plan, int device_index) {
   const GemmShape shape = gemm_shape(d);
   require_multiple_of_8("n", "the product's width", shape.n);
   require_multiple_of_8("k", d.mode == MOEKIT_GEMM_VARLEN_K ? "C's middle dim" : "the reduction length", d.k);
-  if ((d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED) && gated_activation(d.activation))
+  if ((d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED) && is_gated_activation(d.activation))
     require_multiple_of_8("n", "the activation width n/2", d.n / 2);
-  int sm_count = 0;
-  check_cuda(cudaDeviceGetAttribute(&sm_count, cudaDevAttrMultiProcessorCount, device_index),
-             "grouped GEMM: SM count");
-  int cc_major = 0, cc_minor = 0;
-  check_cuda(cudaDeviceGetAttribute(&cc_major, cudaDevAttrComputeCapabilityMajor, device_index),
-             "grouped GEMM: compute capability");
-  check_cuda(cudaDeviceGetAttribute(&cc_minor, cudaDevAttrComputeCapabilityMinor, device_index),
-             "grouped GEMM: compute capability");
-  const GemmTile tile = choose_gemm_tile_or_override(shape, sm_count);
-  const GemmPath path = choose_gemm_path_or_override(d, cc_major, cc_minor);
-  plan.kernel_config = gemm_kernel_config(tile, path);
-  plan.workspace_bytes = gemm_workspace_layout(d, tile, path).bytes;
-  log_gemm_config(d, path, tile);
+  plan.gemm_config = choose_gemm_config(d, device, gemm_overrides_from_environment());
+  plan.workspace_bytes = plan.gemm_config.workspace.bytes;
 }
 
 void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, Workspace workspace, void* stream) {
@@ -138,7 +106,7 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
   p.activation = d.activation;
   p.glu_layout = d.glu_layout;
   p.glu_limit = static_cast<float>(d.glu_limit);
-  p.act_width = gated_activation(d.activation) ? d.n / 2 : d.n;
+  p.act_width = is_gated_activation(d.activation) ? d.n / 2 : d.n;
   if (d.epilogue == MOEKIT_EPILOGUE_DGATED) {
     p.h = args.h.data;
     p.ldh = stride_of(args.h, 0);
@@ -150,10 +118,15 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
     p.act = args.act.data;
     p.ld_act = stride_of(args.act, 0);
   }
-  const GemmTile tile = gemm_config_tile(plan.kernel_config);
-  const GemmPath path = gemm_config_path(plan.kernel_config);
-  gemm::run_grouped_gemm(p, tile, path, gemm_workspace_layout(d, tile, path),
-                         workspace.data, as_stream(stream));
+  // The call's facts the plan's variants may require; the plan chose the kernel for each case.
+  constexpr int64_t kStrideLimit = int64_t{UINT32_MAX} / 2;  // elements of 2 bytes
+  uint32_t facts = 0;
+  if (p.beta == 0.0f) facts |= kBetaZero;
+  if (p.beta == 1.0f) facts |= kBetaOne;
+  if (p.alpha == 1.0f && p.bias == nullptr) facts |= kUnitAlphaNoBias;
+  if (p.lda <= kStrideLimit && p.ldb <= kStrideLimit) facts |= kStrides32Bit;
+  gemm::run_grouped_gemm(p, plan.gemm_config.for_call(facts), plan.gemm_config.workspace, workspace.data,
+                         as_stream(stream));
 }
 
 }  // namespace cuda

@@ -9,9 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <utility>
+#include <vector>
 
+#include "cuda/common/activation_kind.h"
+#include "cuda/common/alignment.h"
 #include "cuda/common/cuda_check.h"
 #include "moekit/moekit.h"
+#include "src/cuda_backend/cuda_backend.h"
 #include "src/plan.h"
 
 namespace moekit {
@@ -36,7 +41,7 @@ class Carve {
   size_t end() const { return end_; }
 
  private:
-  static size_t align(size_t v) { return (v + 255) / 256 * 256; }
+  static size_t align(size_t v) { return align_to_sections(v); }
   char* base_;
   size_t end_;
 };
@@ -82,9 +87,7 @@ inline int64_t row_stride(const moekit_tensor_t& t) { return t.shape[0] > 1 ? t.
 inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
 
 // The width of h: 2I for a gated activation, I otherwise.
-inline int64_t h_width(const moekit_moe_desc_t& d) {
-  return d.activation < MOEKIT_ACT_GELU ? 2 * d.intermediate : d.intermediate;
-}
+inline int64_t h_width(const moekit_moe_desc_t& d) { return gated_input_width(d.activation, d.intermediate); }
 
 // The row bounds of a layer's grouped GEMMs: the grouped rows P and the rows of a gathered source (T).
 struct GroupedRows {
@@ -130,7 +133,45 @@ inline moekit_bias_grad_desc_t bias_grad_desc(const moekit_moe_desc_t& d, Groupe
 struct ExpertMlpPlans {
   moekit_plan up, down;                        // forward: h and a; y (+ b2)
   moekit_plan dgated, dxe, dw2, dw1, db1, db2;  // backward
+
+  // The plans a forward, or (`backward`) a backward, runs, named for moekit_plan_describe.
+  std::vector<std::pair<const char*, moekit_plan*>> used(bool backward) {
+    if (!backward) return {{"up", &up}, {"down", &down}};
+    return {{"dgated", &dgated}, {"dx", &dxe}, {"dW2", &dw2}, {"dW1", &dw1}, {"db1", &db1}, {"db2", &db2}};
+  }
 };
+
+// A layer plan's building blocks, made and sized once by the layer's plan_sizes; `Parts` lists them as
+// (name, plan) pairs by `used(backward)`, the backward's only when the layer trains.
+template <class Parts>
+class LayerPlans final : public SubPlans {
+ public:
+  LayerPlans(const CudaBackend& backend, Parts parts, bool training) : parts_(std::move(parts)) {
+    for (bool backward : {false, true}) {
+      if (backward && !training) continue;
+      for (const auto& [name, plan] : parts_.used(backward)) {
+        backend.plan_sizes(*plan);
+        list_.emplace_back(name, plan);
+      }
+    }
+  }
+  // list_ points into parts_.
+  LayerPlans(const LayerPlans&) = delete;
+  LayerPlans& operator=(const LayerPlans&) = delete;
+
+  const Parts& parts() const { return parts_; }
+  std::vector<std::pair<const char*, const moekit_plan*>> list() const override { return list_; }
+
+ private:
+  Parts parts_;
+  std::vector<std::pair<const char*, const moekit_plan*>> list_;
+};
+
+// The building blocks of `layer`, made by its plan_sizes as LayerPlans<Parts>.
+template <class Parts>
+const Parts& layer_parts(const moekit_plan& layer) {
+  return static_cast<const LayerPlans<Parts>&>(*layer.sub_plans).parts();
+}
 
 inline ExpertMlpPlans expert_mlp_plans(const moekit_plan& layer, GroupedRows rows, bool gathered) {
   const moekit_moe_desc_t& d = layer.moe;

@@ -16,7 +16,9 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/cuda_check.h"
@@ -38,11 +40,12 @@ struct MoePlans {
   moekit_plan router, dispatch, combine;
   ExpertMlpPlans mlp;
 
-  // The plans a forward (and, for training, a backward) runs.
-  std::vector<moekit_plan*> used(bool backward) {
-    std::vector<moekit_plan*> all{&router, &dispatch, &combine, &mlp.up, &mlp.down};
-    if (backward)
-      for (moekit_plan* p : {&mlp.dgated, &mlp.dxe, &mlp.dw2, &mlp.dw1, &mlp.db1, &mlp.db2}) all.push_back(p);
+  // The plans a forward, or a backward, runs (the backward's dispatch and combine are the forward's).
+  std::vector<std::pair<const char*, moekit_plan*>> used(bool backward) {
+    if (backward) return mlp.used(true);
+    std::vector<std::pair<const char*, moekit_plan*>> all{
+        {"router", &router}, {"dispatch", &dispatch}, {"combine", &combine}};
+    for (const auto& named : mlp.used(false)) all.push_back(named);
     return all;
   }
 };
@@ -87,14 +90,15 @@ struct MoeBuffers {
   size_t workspace_end, saved_end;
 };
 
-MoeBuffers moe_buffers(const moekit_plan& layer, MoePlans& p, void* workspace, void* saved, bool backward) {
+MoeBuffers moe_buffers(const moekit_plan& layer, const MoePlans& p, void* workspace, void* saved, bool backward) {
   const moekit_moe_desc_t& d = layer.moe;
   const int64_t T = d.max_tokens, P = T * d.top_k, E = d.experts;
   const int64_t hw = h_width(d);
   const size_t es = storage_bytes(d.dtype);
   MoeBuffers b{};
   b.scratch_bytes = kDenseGemmWorkspaceBytes;
-  for (const moekit_plan* sub : p.used(true)) b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
+  for (const auto& [name, sub] : layer.sub_plans->list())
+    b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
 
   Carve ws(workspace);
   b.scratch = ws.take(b.scratch_bytes);
@@ -128,19 +132,17 @@ void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
   const moekit_moe_desc_t& d = plan.moe;
   if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
     throw_not_supported("dtype: the CUDA MoE layer takes bf16 or fp16 storage");
-  MoePlans p = moe_plans(plan);
-  for (moekit_plan* sub : p.used(!d.inference)) plan_sizes(*sub);
+  plan.sub_plans = std::make_shared<const LayerPlans<MoePlans>>(*this, moe_plans(plan), !d.inference);
+  const MoePlans& p = layer_parts<MoePlans>(plan);
   set_layer_sizes(plan, d.inference,
                   [&](bool backward) { return moe_buffers(plan, p, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& args, void* saved, Workspace ws,
                               void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
-  MoePlans p = moe_plans(plan);
-  for (moekit_plan* sub : p.used(false)) plan_sizes(*sub);
+  const MoePlans& p = layer_parts<MoePlans>(plan);
   const MoeBuffers b = moe_buffers(plan, p, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
@@ -194,13 +196,11 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
 
 void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& args, const void* saved,
                                Workspace ws, void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_moe_desc_t& d = plan.moe;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;
   const cudaStream_t stream = as_stream(stream_ptr);
-  MoePlans p = moe_plans(plan);
-  for (moekit_plan* sub : p.used(true)) plan_sizes(*sub);
+  const MoePlans& p = layer_parts<MoePlans>(plan);
   // NOTE: the backward only reads the saved sections; the const_cast lets one carving serve both directions.
   const MoeBuffers b = moe_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};

@@ -70,6 +70,7 @@ void CudaBackend::combine(const moekit_plan& plan, const moekit_combine_args_t& 
   problem.out = args.out.data;
   problem.out_stride = row_stride(args.out);
   problem.beta = static_cast<float>(args.beta);
+  problem.sm_count = facts_.sm_count;
 
   if (d.dtype == MOEKIT_DTYPE_BF16)
     reduce::combine_bf16(problem, as_stream(stream));

@@ -13,14 +13,15 @@ namespace cuda {
 
 namespace {
 
-routing::RouterProblem problem_of(const moekit_plan& plan, int64_t tokens) {
+routing::RouterProblem problem_of(const moekit_plan& plan, int64_t tokens, int sm_count) {
   const moekit_router_desc_t& d = plan.router;
   return routing::RouterProblem{tokens,
                                 d.experts,
                                 d.top_k,
                                 static_cast<moekit_router_kind_t>(d.kind),
                                 d.renormalize != 0,
-                                static_cast<float>(d.scale)};
+                                static_cast<float>(d.scale),
+                                sm_count};
 }
 
 // The row stride of a [rows, width] view (capi checked the last dimension is contiguous).
@@ -34,7 +35,7 @@ int64_t row_stride(const moekit_tensor_t& t) { return t.stride[0]; }
 
 void CudaBackend::router_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a, Workspace workspace,
                                  void* stream) {
-  const routing::RouterProblem problem = problem_of(plan, a.logits.shape[0]);
+  const routing::RouterProblem problem = problem_of(plan, a.logits.shape[0], facts_.sm_count);
   const routing::RouterForwardArgs args{a.logits.data,
                                         row_stride(a.logits),
                                         static_cast<const float*>(a.bias.data),
@@ -56,7 +57,7 @@ void CudaBackend::router_forward(const moekit_plan& plan, const moekit_router_fw
 
 void CudaBackend::router_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a, Workspace,
                                   void* stream) {
-  const routing::RouterProblem problem = problem_of(plan, a.logits.shape[0]);
+  const routing::RouterProblem problem = problem_of(plan, a.logits.shape[0], facts_.sm_count);
   const routing::RouterBackwardArgs args{a.logits.data,
                                          row_stride(a.logits),
                                          a.indices.data,

@@ -18,6 +18,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "cuda/common/cuda_check.h"
@@ -58,10 +60,11 @@ struct SparseFfnPlans {
   moekit_plan select, dispatch, combine;
   ExpertMlpPlans mlp;
 
-  // The plans a forward, or a backward, runs.
-  std::vector<moekit_plan*> used(bool backward) {
-    if (backward) return {&dispatch, &combine, &mlp.dgated, &mlp.dxe, &mlp.dw2, &mlp.dw1};
-    return {&select, &dispatch, &combine, &mlp.up, &mlp.down};
+  // The plans a forward, or a backward, runs (the backward's dispatch and combine are the forward's).
+  std::vector<std::pair<const char*, moekit_plan*>> used(bool backward) {
+    if (backward) return {{"dgated", &mlp.dgated}, {"dx", &mlp.dxe}, {"dW2", &mlp.dw2}, {"dW1", &mlp.dw1}};
+    return {{"group select", &select}, {"dispatch", &dispatch}, {"combine", &combine}, {"up", &mlp.up},
+            {"down", &mlp.down}};
   }
 };
 
@@ -75,14 +78,6 @@ SparseFfnPlans sparse_ffn_plans(const moekit_plan& layer) {
   p.combine = combine_plan(layer, d.max_tokens, d.top_groups, d.d_model, d.dtype);
   p.mlp = expert_mlp_plans(as_moe_layer(layer), GroupedRows{d.max_tokens * d.top_groups, d.max_tokens}, true);
   return p;
-}
-
-// Sizes the plans a call (or, with `both`, any call of the plan) runs.
-void size_plans(const CudaBackend& backend, SparseFfnPlans& p, bool forward, bool backward) {
-  if (forward)
-    for (moekit_plan* sub : p.used(false)) backend.plan_sizes(*sub);
-  if (backward)
-    for (moekit_plan* sub : p.used(true)) backend.plan_sizes(*sub);
 }
 
 // Buffers of a call. Workspace: the scratch section (every building block's workspace in turn: they run one after
@@ -107,7 +102,7 @@ struct SparseFfnBuffers {
   size_t workspace_end, saved_end;
 };
 
-SparseFfnBuffers sparse_ffn_buffers(const moekit_plan& layer, SparseFfnPlans& p, void* workspace, void* saved,
+SparseFfnBuffers sparse_ffn_buffers(const moekit_plan& layer, void* workspace, void* saved,
                                     bool backward) {
   const moekit_sparse_ffn_desc_t& d = layer.sparse_ffn;
   const int64_t T = d.max_tokens, P = T * d.top_groups, NG = d.d_ff / d.group_size, G = d.group_size;
@@ -115,8 +110,8 @@ SparseFfnBuffers sparse_ffn_buffers(const moekit_plan& layer, SparseFfnPlans& p,
   const size_t es = storage_bytes(d.dtype);
   SparseFfnBuffers b{};
   b.scratch_bytes = 0;
-  for (bool direction : {false, true})
-    for (const moekit_plan* sub : p.used(direction)) b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
+  for (const auto& [name, sub] : layer.sub_plans->list())
+    b.scratch_bytes = std::max(b.scratch_bytes, sub->workspace_bytes);
 
   Carve ws(workspace);
   b.scratch = ws.take(b.scratch_bytes);
@@ -159,20 +154,17 @@ layers::GradMatrix grad(const moekit_tensor_t& t, double beta) {
 
 void CudaBackend::sparse_ffn_layer_sizes(moekit_plan& plan) const {
   const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
-  SparseFfnPlans p = sparse_ffn_plans(plan);
-  size_plans(*this, p, true, !d.inference);
+  plan.sub_plans = std::make_shared<const LayerPlans<SparseFfnPlans>>(*this, sparse_ffn_plans(plan), !d.inference);
   set_layer_sizes(plan, d.inference,
-                  [&](bool backward) { return sparse_ffn_buffers(plan, p, nullptr, nullptr, backward); });
+                  [&](bool backward) { return sparse_ffn_buffers(plan, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::sparse_ffn_forward(const moekit_plan& plan, const moekit_sparse_ffn_fwd_args_t& args, void* saved,
                                      Workspace ws, void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
   const cudaStream_t stream = as_stream(stream_ptr);
-  SparseFfnPlans p = sparse_ffn_plans(plan);
-  size_plans(*this, p, true, false);
-  const SparseFfnBuffers b = sparse_ffn_buffers(plan, p, ws.data, saved, false);
+  const SparseFfnPlans& p = layer_parts<SparseFfnPlans>(plan);
+  const SparseFfnBuffers b = sparse_ffn_buffers(plan, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_groups, P = T * K, NG = d.d_ff / d.group_size;
   const int64_t G = d.group_size, D = d.d_model;
@@ -217,15 +209,13 @@ void CudaBackend::sparse_ffn_forward(const moekit_plan& plan, const moekit_spars
 
 void CudaBackend::sparse_ffn_backward(const moekit_plan& plan, const moekit_sparse_ffn_bwd_args_t& args,
                                       const void* saved, Workspace ws, void* stream_ptr) {
-  const KernelChoiceLogMute quiet;
   const moekit_sparse_ffn_desc_t& d = plan.sparse_ffn;
   const bool input_grad = args.compute_input_grad != 0, weight_grad = args.compute_weight_grad != 0;
   if (!input_grad && !weight_grad) return;
   const cudaStream_t stream = as_stream(stream_ptr);
-  SparseFfnPlans p = sparse_ffn_plans(plan);
-  size_plans(*this, p, false, true);
+  const SparseFfnPlans& p = layer_parts<SparseFfnPlans>(plan);
   // NOTE: the backward only reads the saved sections; the const_cast lets one carving serve both directions.
-  const SparseFfnBuffers b = sparse_ffn_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
+  const SparseFfnBuffers b = sparse_ffn_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_groups, P = T * K, NG = d.d_ff / d.group_size;
   const int64_t G = d.group_size, D = d.d_model;

@@ -26,7 +26,7 @@ namespace {
 
 // The gather (with a subsample), then per chunk of tokens the gate GEMM into the workspace's pre buffer and the
 // energy + top-kg kernel writing that chunk's groups.
-void select_chunks(int device, const moekit_sparse_ffn_desc_t& d, const sparse_ffn::GroupSelectLayout& layout,
+void select_chunks(int device, const DeviceFacts& facts, const moekit_sparse_ffn_desc_t& d, const sparse_ffn::GroupSelectLayout& layout,
                    const moekit_group_select_args_t& args, char* workspace, cudaStream_t stream) {
   const int64_t tokens = args.x.shape[0];
   const void* w_sel = args.w_gate.data;
@@ -67,6 +67,8 @@ void select_chunks(int device, const moekit_sparse_ffn_desc_t& d, const sparse_f
     energy.top_groups = d.top_groups;
     energy.groups_out = static_cast<int32_t*>(args.groups.data) + first * args.groups.stride[0];
     energy.groups_stride = args.groups.stride[0];
+    energy.sm_count = facts.sm_count;
+    energy.shared_bytes_optin = facts.shared_bytes_optin;
     sparse_ffn::launch_group_energy_topk(storage, energy, stream);
   }
 }
@@ -81,7 +83,7 @@ void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_selec
   const int64_t tokens = args.x.shape[0];
   char* workspace = static_cast<char*>(ws.data);
 
-  if (tokens > 0) select_chunks(device_index_, d, layout, args, workspace, stream);
+  if (tokens > 0) select_chunks(device_index_, facts_, d, layout, args, workspace, stream);
   if (args.counts.data) {
     sparse_ffn::GroupCountsArgs counting{static_cast<const int32_t*>(args.groups.data),
                                          args.groups.stride[0],

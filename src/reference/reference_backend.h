@@ -3,6 +3,8 @@
 // gemm.cpp, moe_layer.cpp, experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
 #pragma once
 
+#include <string>
+
 #include "src/backend.h"
 
 namespace moekit {
@@ -15,6 +17,7 @@ class ReferenceBackend final : public Backend {
   moekit_device_t device() const override { return moekit_device_t{MOEKIT_DEVICE_CPU, 0}; }
 
   void plan_sizes(moekit_plan& plan) const override;
+  std::string describe(const moekit_plan& plan) const override;
 
   void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) override;
   void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) override;

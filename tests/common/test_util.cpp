@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -170,6 +171,31 @@ std::string last_error() {
   moekit_get_last_error(&text[0], text.size());
   text.resize(length);
   return text;
+}
+
+std::string plan_description(moekit_plan_t plan) {
+  const size_t length = moekit_plan_describe(plan, nullptr, 0);
+  std::string text(length + 1, '\0');
+  moekit_plan_describe(plan, &text[0], text.size());
+  text.resize(length);
+  return text;
+}
+
+ScopedEnv::ScopedEnv(const char* name, const char* value) : name_(name) {
+  const char* old = std::getenv(name);
+  had_old_ = old != nullptr;
+  if (had_old_) old_ = old;
+  if (value != nullptr)
+    setenv(name, value, 1);
+  else
+    unsetenv(name);
+}
+
+ScopedEnv::~ScopedEnv() {
+  if (had_old_)
+    setenv(name_.c_str(), old_.c_str(), 1);
+  else
+    unsetenv(name_.c_str());
 }
 
 std::vector<int64_t> as_integers(const HostTensor& t) {

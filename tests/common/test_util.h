@@ -69,7 +69,21 @@ Bounds bounds_for(moekit_dtype_t dtype);  // bf16 1e-2/2e-2/5e-2, fp16 2e-3/4e-3
 bool within(const ErrorMetrics& m, const Bounds& b);
 std::string describe(const ErrorMetrics& m);
 
-std::string last_error();  // moekit_get_last_error as a std::string
+std::string last_error();                         // moekit_get_last_error as a std::string
+std::string plan_description(moekit_plan_t plan);  // moekit_plan_describe as a std::string
+
+// Sets (value != nullptr) or unsets the environment variable `name` for the object's life, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_, old_;
+  bool had_old_;
+};
 
 std::vector<int64_t> as_integers(const HostTensor& t);  // every element, truncated to int64
 double max_abs(const HostTensor& t);                     // 0 for an empty tensor

@@ -72,7 +72,7 @@ __global__ void gated_kernel(const float* product, int64_t rows, int64_t act_wid
                              int32_t layout, T* h, T* a) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
-  const bool gated = moekit::cuda::is_gated_activation(act.kind);
+  const bool gated = moekit::is_gated_activation(act.kind);
   const int64_t h_width = gated ? 2 * act_width : act_width;
   const float* p = product + r * h_width;
   T* h_row = h + r * h_width;
@@ -96,7 +96,7 @@ __global__ void dgated_kernel(const float* product, const T* h, const float* row
                               T* a_scaled, float* ds) {
   const int64_t r = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / 32;
   if (r >= rows) return;
-  const bool gated = moekit::cuda::is_gated_activation(act.kind);
+  const bool gated = moekit::is_gated_activation(act.kind);
   const int64_t h_width = gated ? 2 * act_width : act_width;
   const float s = row_scale[pair_idx[r]];
   const T* h_row = h + r * h_width;

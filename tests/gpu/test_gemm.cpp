@@ -22,6 +22,7 @@
 #include "gpu/device_array.h"
 #include "gpu/gemm_oracle.h"
 #include "gpu/gpu_util.h"
+#include "cuda/common/activation_kind.h"
 #include "cuda/gemm/gemm_config.h"
 
 using namespace moekit_test;
@@ -32,9 +33,8 @@ constexpr const char* kTiles[] = {"128x256", "128x128"};
 const int32_t kActivations[] = {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_GEGLU, MOEKIT_ACT_REGLU, MOEKIT_ACT_SWIGLU_OAI,
                                 MOEKIT_ACT_GELU,   MOEKIT_ACT_RELU,  MOEKIT_ACT_SILU,  MOEKIT_ACT_RELU2};
 
-bool gated_activation(int32_t act) {
-  return act == MOEKIT_ACT_SWIGLU || act == MOEKIT_ACT_GEGLU || act == MOEKIT_ACT_REGLU || act == MOEKIT_ACT_SWIGLU_OAI;
-}
+// The device the wgmma kernel is written for, for its capability checks (SM count unused there).
+constexpr moekit::GemmDevice kHopper{132, 9, 0};
 
 // One grouped GEMM call: the descriptor's switches and the group sizes.
 struct Case {
@@ -89,7 +89,7 @@ Inputs make_inputs(std::mt19937_64& rng, const Case& cs) {
   in.rows = std::max<int64_t>(in.valid + cs.extra_rows, 1);
   in.dgated = cs.epilogue == MOEKIT_EPILOGUE_DGATED;
   in.gated = cs.epilogue == MOEKIT_EPILOGUE_GATED;
-  const bool glu = gated_activation(cs.activation);
+  const bool glu = moekit::is_gated_activation(cs.activation);
   in.act_width = glu ? cs.n / 2 : cs.n;
 
   moekit_gemm_desc_t& d = in.desc;
@@ -249,13 +249,9 @@ Outputs run_reference(moekit_handle_t handle, const Inputs& in) {
 
 // Plan creation with MOEKIT_GEMM_TILE set to `tile` (nullptr: the heuristic's choice).
 moekit_plan_t cuda_plan(moekit_handle_t handle, const moekit_gemm_desc_t& desc, const char* tile) {
-  if (tile != nullptr)
-    setenv("MOEKIT_GEMM_TILE", tile, 1);
-  else
-    unsetenv("MOEKIT_GEMM_TILE");
+  const ScopedEnv forced_tile("MOEKIT_GEMM_TILE", tile);
   moekit_plan_t plan = nullptr;
   const moekit_status_t status = moekit_gemm_plan_create(handle, &desc, &plan);
-  unsetenv("MOEKIT_GEMM_TILE");
   INFO(moekit_status_string(status) << ": " << last_error());
   REQUIRE(status == MOEKIT_SUCCESS);
   return plan;
@@ -396,12 +392,12 @@ std::vector<Case> varlen_m_cases(moekit_dtype_t dtype, int32_t b_layout, int32_t
   for (int32_t epilogue : {MOEKIT_EPILOGUE_GATED, MOEKIT_EPILOGUE_DGATED})
     for (int32_t act : kActivations)
       for (int32_t layout : {MOEKIT_GLU_CONCAT, MOEKIT_GLU_INTERLEAVED}) {
-        if (!gated_activation(act) && layout == MOEKIT_GLU_INTERLEAVED) continue;
+        if (!moekit::is_gated_activation(act) && layout == MOEKIT_GLU_INTERLEAVED) continue;
         c = base;
         c.epilogue = epilogue;
         c.activation = act;
         c.glu_layout = layout;
-        c.n = gated_activation(act) ? 272 : 136;
+        c.n = moekit::is_gated_activation(act) ? 272 : 136;
         c.alpha = epilogue == MOEKIT_EPILOGUE_DGATED ? 1.25 : 1.0;
         c.bias = epilogue == MOEKIT_EPILOGUE_GATED && (with_bias = !with_bias);
         cases.push_back(c);
@@ -465,15 +461,15 @@ TEST_CASE("gemm: varlen M, every epilogue, activation, GLU layout, B layout, gat
 // default) unless the caller forced mma, which then checks the mma.sync kernel on the same cases.
 TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
-  const std::string caller_path = forced != nullptr ? forced : "";
+  const bool caller_mma = forced != nullptr && std::string(forced) == "mma";
   Handles handles;
   std::mt19937_64 rng(5);
   // Case cs on fresh inputs under MOEKIT_GEMM_PATH=path (unless the caller forced mma.sync, which then runs it).
   const auto check_on = [&](const char* path, const Case& cs) {
     const Inputs in = make_inputs(rng, cs);
-    REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+    REQUIRE(moekit::wgmma_capable(in.desc, kHopper));
     INFO("MOEKIT_GEMM_PATH " << path);
-    if (caller_path != "mma") setenv("MOEKIT_GEMM_PATH", path, 1);
+    const ScopedEnv forced_path("MOEKIT_GEMM_PATH", caller_mma ? "mma" : path);
     check_case(handles, in);
   };
   int checked = 0;
@@ -490,7 +486,7 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
               if (cs.epilogue == mma_only) continue;
               cs.k = 192;
               // GATED / DGATED: n is h's width (2I for a GLU); DGATED's product is I = 192 wide, a GATED GLU's a 96.
-              const bool glu = gated_activation(cs.activation);
+              const bool glu = moekit::is_gated_activation(cs.activation);
               cs.n = cs.epilogue == MOEKIT_EPILOGUE_STORE || cs.epilogue == MOEKIT_EPILOGUE_BIAS ? 320
                      : cs.epilogue == MOEKIT_EPILOGUE_DGATED                                      ? (glu ? 384 : 192)
                      : glu                                                                        ? 192
@@ -502,7 +498,7 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
   CHECK(checked == 2 * 8 * (16 + 17));  // per path, dtype, gather and tile: 16 cases with B [E, n, k], 17 with [E, k, n]
   // varlen K: every gather, output dtype and beta, both dtypes and tiles; m and n multiples of 8 only (the copies
   // zero-fill past them), reduction counts of 64 +- 1 per slice and empty groups; alone and paired (wgmma_pair: m
-  // tiles 2i and 2i + 1 sharing B by multicast where pairs_weight_gradient allows it: C's m = 192, or n = 200 for the
+  // tiles 2i and 2i + 1 sharing B by multicast where the product pairs: C's m = 192, or n = 200 for the
   // transposed B-gathered problem, is 2 m tiles; the others run unpaired).
   for (const char* path : {"wgmma", "wgmma_pair"})
     for (Case cs : varlen_k_cases()) {
@@ -515,10 +511,6 @@ TEST_CASE("gemm: the wgmma kernel's shapes, every mode and epilogue it takes", "
       cs.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
       check_on(path, cs);
     }
-  if (forced == nullptr)
-    unsetenv("MOEKIT_GEMM_PATH");
-  else
-    setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
 }
 
 // The TMA-store epilogues (varlen-M STORE, varlen K with beta = 0 and with the fp32 reduce-adds) where every
@@ -576,7 +568,7 @@ TEST_CASE("gemm: GATED's TMA-store epilogue for every gated activation, dtype an
           cs.gather = gather;
           cs.tile = tile;
           const Inputs in = make_inputs(rng, cs);
-          REQUIRE(moekit::wgmma_capable(in.desc, 9, 0));
+          REQUIRE(moekit::wgmma_capable(in.desc, kHopper));
           check_case(handles, in);
           ++checked;
         }
@@ -602,9 +594,10 @@ TEST_CASE("gemm: varlen K with rows 4 GiB apart runs on mma.sync and gives its b
   cs.counts = {1, 0, 2};
   cs.extra_rows = 0;
   const Inputs in = make_inputs(rng, cs);
-  setenv("MOEKIT_GEMM_PATH", "mma", 1);
-  const Outputs compact = run_cuda(handles.cuda, in);
-  unsetenv("MOEKIT_GEMM_PATH");
+  const Outputs compact = [&] {
+    const ScopedEnv forced_path("MOEKIT_GEMM_PATH", "mma");
+    return run_cuda(handles.cuda, in);
+  }();
 
   const int64_t stride = int64_t{1} << 31;  // values of A's rows apart
   const size_t value_bytes = 2;
@@ -726,13 +719,8 @@ TEST_CASE("gemm: small cases for the sanitizers", "[gemm][sanitize]") {
     // caller forced mma.sync.
     const char* forced = std::getenv("MOEKIT_GEMM_PATH");
     if (forced == nullptr || std::string(forced) != "mma") {
-      const std::string caller_path = forced != nullptr ? forced : "";
-      setenv("MOEKIT_GEMM_PATH", "wgmma_pair", 1);
+      const ScopedEnv forced_path("MOEKIT_GEMM_PATH", "wgmma_pair");
       check_case(handles, make_inputs(rng, stored));
-      if (forced == nullptr)
-        unsetenv("MOEKIT_GEMM_PATH");
-      else
-        setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
     }
   }
 }
@@ -770,14 +758,13 @@ TEST_CASE("gemm: bitwise identical over three reruns, fresh buffers and a second
 }
 
 // GATED and DGATED from k = 4096 on, and varlen K with at least 512 rows per group on average, run paired by default
-// (choose_gemm_path): the paired kernel must give the single-CTA kernel's bits, and both the reference's values, on
+// (choose_gemm_config): the paired kernel must give the single-CTA kernel's bits, and both the reference's values, on
 // counts that are no tile multiple, an empty group and (varlen M) groups straddling pairs. varlen K: B gathered as in
 // dW1 (run transposed: C^T's 512 rows are 4 m tiles), and A gathered (run as it is: C's m = 256, 2 m tiles), over
 // 4,615 rows in 9 groups (512.8 per group), from 0 and 1 to 1,700, with partial last slices.
 TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::string(forced) == "mma") return;  // the mma.sync run of the suite has no pairs
-  const std::string caller_path = forced != nullptr ? forced : "";
   Handles handles;
   std::mt19937_64 rng(23);
   Case gated;
@@ -803,20 +790,22 @@ TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", 
   for (const Case& cs : {gated, dgated, dw1, a_gathered}) {
     INFO(cs.name());
     const Inputs in = make_inputs(rng, cs);
-    unsetenv("MOEKIT_GEMM_PATH");
-    REQUIRE(moekit::choose_gemm_path(in.desc, 9, 0) == moekit::GemmPath::wgmma_pair);
-    check_case(handles, in);
-    const Outputs paired = run_cuda(handles.cuda, in);
-    setenv("MOEKIT_GEMM_PATH", "wgmma", 1);
+    const Outputs paired = [&] {
+      const ScopedEnv default_path("MOEKIT_GEMM_PATH", nullptr);
+      moekit_plan_t plan = cuda_plan(handles.cuda, in.desc, cs.tile);
+      const std::string text = plan_description(plan);
+      INFO(text);
+      CHECK(text.find("2-CTA clusters") != std::string::npos);
+      moekit_plan_destroy(plan);
+      check_case(handles, in);
+      return run_cuda(handles.cuda, in);
+    }();
+    const ScopedEnv single_path("MOEKIT_GEMM_PATH", "wgmma");
     const Outputs single = run_cuda(handles.cuda, in);
     REQUIRE(paired.c.bytes_equal(single.c));
     REQUIRE(paired.act.bytes_equal(single.act));
     if (in.dgated) REQUIRE(paired.dscores.bytes_equal(single.dscores));
   }
-  if (forced == nullptr)
-    unsetenv("MOEKIT_GEMM_PATH");
-  else
-    setenv("MOEKIT_GEMM_PATH", caller_path.c_str(), 1);
 }
 
 TEST_CASE("gemm: what the CUDA kernels cannot take is NOT_SUPPORTED", "[gemm]") {

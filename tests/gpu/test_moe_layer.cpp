@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <string>
@@ -126,11 +128,14 @@ moekit_moe_desc_t layer_desc(const Config& c) {
 
 // Forward, then (unless in inference mode) backward in one call or two (split_backward) on `handle`.
 // `stream`: nullptr (the legacy default stream) or a non-blocking stream of the CUDA handle's device.
-Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in, cudaStream_t stream = nullptr) {
+// `after_planning`, if set, is called with the new plan before anything else.
+Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in, cudaStream_t stream = nullptr,
+                const std::function<void(moekit_plan_t)>& after_planning = {}) {
   const int64_t T = c.tokens, H = c.hidden, RE = c.router_experts, K = c.top_k;
   moekit_moe_desc_t d = layer_desc(c);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle, &d, &plan));
+  if (after_planning) after_planning(plan);
   size_t saved_bytes = 0, workspace_bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
   MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
@@ -335,6 +340,61 @@ TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer ad
       REQUIRE(pair.first->bytes_equal(*pair.second));
   }
   cudaStreamDestroy(stream);
+}
+
+// A plan's kernel choices are made when it is created and only read by its calls: the overrides changed after
+// planning change no size, no description and no bit; a plan created under them takes them.
+TEST_CASE("CUDA MoE layer: the environment after planning changes no size, description or bit",
+          "[gpu][layer][moe]") {
+  Config c;
+  c.tokens = 300;
+  c.hidden = 256;
+  c.inter = 192;
+  c.router_experts = c.experts = 16;
+  c.top_k = 4;
+  std::mt19937_64 rng(31);
+  Inputs in(c, rng);
+  Handles h;
+  struct Seen {
+    std::string text;
+    size_t workspace = 0, saved = 0;
+  };
+  const auto record = [](moekit_plan_t plan, Seen& seen) {
+    seen.text = moekit_test::plan_description(plan);
+    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &seen.workspace));
+    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &seen.saved));
+  };
+  const moekit_test::ScopedEnv default_path("MOEKIT_GEMM_PATH", nullptr), default_tile("MOEKIT_GEMM_TILE", nullptr);
+  Seen planned, changed;
+  const Outputs first = run_moe(h.cuda, true, c, in, nullptr, [&](moekit_plan_t plan) { record(plan, planned); });
+  std::unique_ptr<moekit_test::ScopedEnv> path, tile;
+  const Outputs again = run_moe(h.cuda, true, c, in, nullptr, [&](moekit_plan_t plan) {
+    path = std::make_unique<moekit_test::ScopedEnv>("MOEKIT_GEMM_PATH", "mma");
+    tile = std::make_unique<moekit_test::ScopedEnv>("MOEKIT_GEMM_TILE", "128x128");
+    record(plan, changed);
+  });
+  INFO(planned.text);
+  CHECK(changed.text == planned.text);
+  CHECK(changed.workspace == planned.workspace);
+  CHECK(changed.saved == planned.saved);
+  for (auto pair : {std::make_pair(&first.out, &again.out), std::make_pair(&first.dx, &again.dx),
+                    std::make_pair(&first.dwr, &again.dwr), std::make_pair(&first.dw1, &again.dw1),
+                    std::make_pair(&first.dw2, &again.dw2)})
+    REQUIRE(pair.first->bytes_equal(*pair.second));
+  // The description lists every building block with its kernels (H = 256, I = 192: every GEMM on wgmma).
+  for (const char* part : {"MoE layer", "\n  router: ", "\n  dispatch: ", "\n  combine: ", "\n  up: ",
+                           "\n  down: ", "\n  dgated: ", "\n  dx: ", "\n  dW2: ", "\n  dW1: ", "wgmma 128x"})
+    CHECK(planned.text.find(part) != std::string::npos);
+  CHECK(planned.text.find("mma.sync") == std::string::npos);
+  // Created under the overrides, a plan takes them (still in force here).
+  moekit_moe_desc_t d = layer_desc(c);
+  moekit_plan_t forced = nullptr;
+  MOEKIT_REQUIRE_OK(moekit_moe_plan_create(h.cuda, &d, &forced));
+  const std::string forced_text = moekit_test::plan_description(forced);
+  INFO(forced_text);
+  CHECK(forced_text.find("mma.sync 128x128") != std::string::npos);
+  CHECK(forced_text.find("wgmma") == std::string::npos);
+  moekit_plan_destroy(forced);
 }
 
 namespace {

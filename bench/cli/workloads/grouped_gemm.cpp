@@ -7,11 +7,10 @@
 #include <optional>
 
 #include "workloads/workloads.h"
+#include "cuda/common/activation_kind.h"
 
 namespace moekit_bench {
 namespace {
-
-bool gated_activation(moekit_activation_t a) { return a < MOEKIT_ACT_GELU; }
 
 class GroupedGemmWorkload final : public Workload {
  public:
@@ -56,7 +55,7 @@ class GroupedGemmWorkload final : public Workload {
     }
 
     const bool activated = config_.epilogue == MOEKIT_EPILOGUE_GATED || config_.epilogue == MOEKIT_EPILOGUE_DGATED;
-    const int64_t act_width = gated_activation(config_.activation) ? n / 2 : n;
+    const int64_t act_width = moekit::is_gated_activation(config_.activation) ? n / 2 : n;
     const int64_t product_n = config_.epilogue == MOEKIT_EPILOGUE_DGATED ? act_width : n;
     const float b_scale = 1.0f / std::sqrt(static_cast<float>(k));
     a_ = add(spec("a", dtype, {gather_a ? T : P, k}, Access::read, 1.0f));

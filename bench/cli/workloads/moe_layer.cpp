@@ -6,11 +6,10 @@
 #include <optional>
 
 #include "workloads/workloads.h"
+#include "cuda/common/activation_kind.h"
 
 namespace moekit_bench {
 namespace {
-
-bool gated_activation(moekit_activation_t a) { return a < MOEKIT_ACT_GELU; }
 
 class MoeLayerWorkload final : public Workload {
  public:
@@ -18,7 +17,7 @@ class MoeLayerWorkload final : public Workload {
 
   moekit_status_t create_plan(moekit_handle_t handle) override {
     const int64_t T = shape_.tokens, H = shape_.hidden, I = shape_.intermediate, E = shape_.experts, K = shape_.top_k;
-    const int64_t I1 = gated_activation(config_.activation) ? 2 * I : I;  // rows of W1 per expert
+    const int64_t I1 = moekit::is_gated_activation(config_.activation) ? 2 * I : I;  // rows of W1 per expert
     const moekit_dtype_t dtype = config_.dtype, grad_dtype = or_dtype(config_.weight_grad_dtype, dtype);
     moekit_moe_desc_t desc;
     moekit_moe_desc_init(&desc);
@@ -125,7 +124,7 @@ class MoeLayerWorkload final : public Workload {
 
   WorkModel model() const override {
     const int64_t P = shape_.tokens * shape_.top_k, H = shape_.hidden, I = shape_.intermediate;
-    const int64_t I1 = gated_activation(config_.activation) ? 2 * I : I;
+    const int64_t I1 = moekit::is_gated_activation(config_.activation) ? 2 * I : I;
     const std::vector<DenseGemm> forward = {{P, I1, H}, {P, H, I}};
     // dA = dout W2 [P, I], dW2 [H, I] over P rows, dxe = dh W1 [P, H], dW1 [I1, H] over P rows.
     const std::vector<DenseGemm> backward = {{P, I, H}, {H, I, P}, {P, H, I1}, {I1, H, P}};

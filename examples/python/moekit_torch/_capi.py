@@ -167,6 +167,7 @@ _PROTOTYPES = {
     "moekit_plan_destroy": [c_void_p],
     "moekit_plan_workspace_size": [c_void_p, _P(c_size_t)],
     "moekit_plan_saved_size": [c_void_p, _P(c_size_t)],
+    "moekit_plan_describe": [c_void_p, ctypes.c_char_p, c_size_t],
     "moekit_moe_desc_init": [_P(MoeDesc)],
     "moekit_moe_plan_create": [c_void_p, _P(MoeDesc), _P(c_void_p)],
     "moekit_moe_fwd_args_init": [_P(MoeFwdArgs)],
@@ -180,7 +181,8 @@ _PROTOTYPES = {
     "moekit_sparse_ffn_forward": [c_void_p, _P(SparseFfnFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
     "moekit_sparse_ffn_backward": [c_void_p, _P(SparseFfnBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
 }
-_RESTYPES = {"moekit_get_version": c_int32, "moekit_status_string": ctypes.c_char_p, "moekit_get_last_error": c_size_t}
+_RESTYPES = {"moekit_get_version": c_int32, "moekit_status_string": ctypes.c_char_p, "moekit_get_last_error": c_size_t,
+             "moekit_plan_describe": c_size_t}
 
 _lib = None
 _lib_lock = threading.Lock()

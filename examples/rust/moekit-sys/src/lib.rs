@@ -597,6 +597,7 @@ extern "C" {
     pub fn moekit_plan_destroy(plan: moekit_plan_t) -> moekit_status_t;
     pub fn moekit_plan_workspace_size(plan: moekit_plan_t, bytes: *mut usize) -> moekit_status_t;
     pub fn moekit_plan_saved_size(plan: moekit_plan_t, bytes: *mut usize) -> moekit_status_t;
+    pub fn moekit_plan_describe(plan: moekit_plan_t, buf: *mut c_char, cap: usize) -> usize;
 
     // Router
     pub fn moekit_router_desc_init(desc: *mut moekit_router_desc_t) -> moekit_status_t;
