@@ -1,4 +1,4 @@
-// Host decisions of the CUDA grouped GEMM (SPEC section 5), pure functions so the CPU tests can check them:
+// Host decisions of the CUDA grouped GEMM (docs/math.md section 5), pure functions so the CPU tests can check them:
 // which tile shape a problem gets, and how the workspace is laid out for it. The plan calls both once; the run
 // reads the plan's choice, so the workspace size and the kernels' layout cannot disagree.
 #pragma once
