@@ -1,4 +1,4 @@
-// Bias gradients (SPEC sections 4 and 6): db1, and db2 with the dout . b2 part of the score gradient.
+// Bias gradients (docs/math.md sections 4 and 6): db1, and db2 with the dout . b2 part of the score gradient.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"

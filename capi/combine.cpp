@@ -1,4 +1,4 @@
-// Token combine and its transpose, the broadcast backward (SPEC section 6): descriptor, argument checks, runs.
+// Token combine and its transpose, the broadcast backward (docs/math.md section 6): descriptor, argument checks, runs.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"

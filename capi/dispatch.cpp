@@ -1,4 +1,4 @@
-// Dispatch metadata, the deterministic CSR (SPEC section 2): descriptor, argument checks, run.
+// Dispatch metadata, the deterministic CSR (docs/math.md section 2): descriptor, argument checks, run.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"

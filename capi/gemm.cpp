@@ -1,4 +1,4 @@
-// The grouped GEMM (SPEC section 5): descriptor, argument checks, run.
+// The grouped GEMM (docs/math.md section 5): descriptor, argument checks, run.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"

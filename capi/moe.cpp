@@ -1,4 +1,4 @@
-// The MoE layer (SPEC sections 3 and 4): descriptor, argument checks, forward and backward.
+// The MoE layer (docs/math.md sections 3 and 4): descriptor, argument checks, forward and backward.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/expert_weights.h"

@@ -1,4 +1,4 @@
-// The router operation (SPEC section 1): descriptor, argument checks, forward and backward.
+// The router operation (docs/math.md section 1): descriptor, argument checks, forward and backward.
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"

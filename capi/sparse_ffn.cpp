@@ -1,4 +1,4 @@
-// The sparse SwiGLU FFN (SPEC section 7): group selection, the load-balance update, subsample rows, and the layer.
+// The sparse SwiGLU FFN (docs/math.md section 7): group selection, the load-balance update, subsample rows, the layer.
 #include <limits>
 
 #include "capi/call.h"

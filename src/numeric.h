@@ -1,5 +1,5 @@
 // Storage-dtype rounding on the host: bf16 and fp16 round-to-nearest-even conversions, and round_to(), the
-// single function every rounding point of SPEC section 8 goes through in the reference backend.
+// single function every rounding point of docs/math.md section 8 goes through in the reference backend.
 #pragma once
 
 #include <cmath>

@@ -1,4 +1,4 @@
-// The host helper behind moekit_subsample_rows (SPEC section 7): the fixed energy-estimation rows of the sparse
+// The host helper behind moekit_subsample_rows (docs/math.md section 7): the fixed energy-estimation rows of the sparse
 // FFN, drawn reproducibly from a seed by the exact steps moekit.h documents, so any language can redraw them.
 #pragma once
 

@@ -31,7 +31,7 @@ struct OutputCheck {
   double rel_error = kNone;   // values: ||out - ref|| / ||ref|| over the compared rows
   int64_t mismatches = 0;     // exact: elements that differ; selection: rows that differ
   int64_t rows_skipped = 0;   // values keyed on a selection: rows whose selection differs
-  double tolerance = kNone;   // values: SPEC section 9's whole-tensor bound for the case's dtype
+  double tolerance = kNone;   // values: docs/math.md section 9's whole-tensor bound for the case's dtype
   bool ok = false;
 };
 

@@ -10,7 +10,7 @@
 namespace moekit_bench {
 namespace {
 
-// SPEC section 9, whole-tensor bound, by the case's storage dtype.
+// docs/math.md section 9, whole-tensor bound, by the case's storage dtype.
 double tolerance(moekit_dtype_t dtype) {
   switch (dtype) {
     case MOEKIT_DTYPE_BF16: return 1e-2;
@@ -95,7 +95,7 @@ OutputCheck compare(const Outputs& tested, const Outputs& oracle, size_t index, 
       c.ok = c.mismatches == 0;
     } else {
       for (bool d : differing_rows(tested, oracle, index)) c.mismatches += d;
-      // Near-ties may choose differently (SPEC section 9): at most 1% of the rows, or one.
+      // Near-ties may choose differently (docs/math.md section 9): at most 1% of the rows, or one.
       c.ok = c.mismatches <= std::max<int64_t>(1, rows_of(s) / 100);
     }
     return c;

@@ -1,6 +1,6 @@
 // --check: runs a case once at its check shape on the backend under test and on the reference backend (the same
 // inputs, bit for bit) and compares every output the case declares (TensorSpec::compare): the relative error of
-// float outputs against SPEC section 9's whole-tensor bound, integer outputs exactly, selections up to near-ties.
+// float outputs against docs/math.md section 9's whole-tensor bound, integers exactly, selections up to near-ties.
 #pragma once
 
 #include "case_config.h"

@@ -20,10 +20,10 @@ enum class Access { none, read, write, read_write };
 // What --check does with an output.
 enum class Compare {
   none,
-  values,     // floats: whole-tensor relative error against the reference, bounded by SPEC section 9
+  values,     // floats: whole-tensor relative error against the reference, bounded by docs/math.md section 9
   exact,      // integers that must be identical (dispatch metadata, counts)
   selection,  // integers chosen from computed values (router indices in a layer, groups): rows may differ at
-              // near-ties (SPEC section 9); they are counted and the rows of outputs keyed on them are skipped
+              // near-ties (docs/math.md section 9); they are counted and the rows of outputs keyed on them are skipped
 };
 
 struct TensorSpec {

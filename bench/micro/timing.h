@@ -54,7 +54,7 @@ void fill_random_bf16(void* device, size_t count, float scale, unsigned long lon
 void fill_random_bf16_repeated(void* device, size_t count, float scale, unsigned long long seed);
 
 // Random routing of `tokens` tokens to `top_k` distinct experts each (every pair valid), laid out as dispatch lays
-// it out (SPEC 2: stable by expert): offsets [E+1], gather_idx and pair_idx [P], grouped_pos [P].
+// it out (docs/math.md section 2: stable by expert): offsets [E+1], gather_idx and pair_idx [P], grouped_pos [P].
 struct Routing {
   std::vector<int32_t> offsets, gather_idx, pair_idx, grouped_pos;
 };

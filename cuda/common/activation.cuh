@@ -1,5 +1,5 @@
-// The expert activations of SPEC section 3 in fp32 on the device, forward and backward, chosen at run time
-// (DESIGN.md "Build budget": the activation is an epilogue switch, never a template parameter). The math is the
+// The expert activations of docs/math.md section 3 in fp32 on the device, forward and backward, chosen at run time
+// (the activation is an epilogue switch, never a template parameter). The math is the
 // reference's (src/reference/activation.cpp) in fp32, the exponential and reciprocal approximate (sigmoid below).
 #pragma once
 

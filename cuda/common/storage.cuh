@@ -1,6 +1,6 @@
 // Device-side conversions between the storage dtypes and fp32, and 16-byte vector accesses.
 // Kernels are templated on the storage type (__nv_bfloat16, __half, float); each instantiation lives in its own
-// translation unit (DESIGN.md "Build budget").
+// translation unit (docs/kernels.md).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -1,4 +1,4 @@
-// Dispatch metadata on the GPU (SPEC section 2): a STABLE counting sort of the valid pairs by local expert.
+// Dispatch metadata on the GPU (docs/math.md section 2): a STABLE counting sort of the valid pairs by local expert.
 //
 // The pairs are cut into chunks of `chunk_pairs` consecutive pairs, one block each; inside a block, warp w owns
 // the 256 consecutive pairs [w * 256, (w + 1) * 256) of the chunk and reads them 32 at a time (lane l takes the

@@ -1,4 +1,4 @@
-// Host launcher of the CUDA dispatch metadata (SPEC section 2): the deterministic CSR of the valid pairs.
+// Host launcher of the CUDA dispatch metadata (docs/math.md section 2): the deterministic CSR of the valid pairs.
 // Plain C++ (no moekit_tensor_t): src/cuda_backend/dispatch_ops.cpp reads the tensor views and fills a DispatchProblem.
 #pragma once
 

@@ -1,4 +1,4 @@
-// How the CUDA dispatch (SPEC section 2) cuts the pairs into chunks, and where its workspace sections lie.
+// How the CUDA dispatch (docs/math.md section 2) cuts the pairs into chunks, and where its workspace sections lie.
 // One pure function gives both the workspace size (plan_sizes) and the layout the launcher uses, so they cannot
 // disagree.
 #pragma once

@@ -1,4 +1,4 @@
-// Host-callable launcher of the CUDA grouped GEMM (SPEC section 5) and the problem it reads. Plain C++:
+// Host-callable launcher of the CUDA grouped GEMM (docs/math.md section 5) and the problem it reads. Plain C++:
 // src/cuda_backend/gemm_ops.cpp fills the problem from the validated tensor views and calls run_grouped_gemm.
 //
 //   varlen M: for every grouped row r of group e (offsets[e] <= r < offsets[e+1], read on the device),

@@ -1,4 +1,4 @@
-// The grouped GEMM tile kernel (SPEC section 5) on the sm_80 tensor-core path that Hopper keeps: mma.sync
+// The grouped GEMM tile kernel (docs/math.md section 5) on the sm_80 tensor-core path that Hopper keeps: mma.sync
 // m16n8k16 with fp32 accumulators, fragments by ldmatrix from XOR-swizzled shared memory, operands streamed by
 // cp.async through a multi-stage ring. It is the correct fallback for every mode, layout, gather and epilogue.
 //

@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(bias_sums_max_threads, kSums && kDots ? 2 : 4)
                  ? load16(src + static_cast<int64_t>(chunk_src_rows[batch + u]) * problem.src_stride + column)
                  : Vec16<T>{};
 
-    // Each row is consumed whole before the next, so its fp32 values need not outlive it. Row order, as SPEC
-    // section 4 orders the sums.
+    // Each row is consumed whole before the next, so its fp32 values need not outlive it. Row order, as
+    // docs/math.md section 4 orders the sums.
     float dots[bias_sums_rows_in_flight];
 #pragma unroll
     for (int u = 0; u < bias_sums_rows_in_flight; ++u) {

@@ -1,5 +1,5 @@
-// Host-callable launchers of the per-expert bias reductions (SPEC section 4 steps 3 and 5, section 6), and the one
-// function that sizes and lays out their workspace. Plain C++: src/cuda_backend/reduce_ops.cpp and
+// Host-callable launchers of the per-expert bias reductions (docs/math.md section 4, steps 3 and 5, and section 6), and
+// the one function that sizes and lays out their workspace. Plain C++: src/cuda_backend/reduce_ops.cpp and
 // src/cuda_backend/cuda_backend.cpp (plan sizes) include it from g++.
 //
 //   sums[e] = beta * sums[e] + sum over rows i of expert e, ascending, of w_i * src[row_i]      (db1, db2)

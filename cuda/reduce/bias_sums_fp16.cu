@@ -1,4 +1,4 @@
-// The bias reduction kernels for fp16 storage (one instantiation per translation unit: DESIGN.md "Build budget").
+// The bias reduction kernels for fp16 storage (one instantiation per translation unit: docs/kernels.md).
 #include "cuda/reduce/bias_sums.cuh"
 
 namespace moekit {

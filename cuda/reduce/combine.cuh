@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(combine_block_threads, Variant::min_blocks)
                                                                          problem.grouped_stride + v * lanes)
                          : make_uint4(0, 0, 0, 0);
       }
-    // Ascending p, as SPEC section 3 step 4 orders the sum; values 2k and 2k + 1 of a row vector are word k.
+    // Ascending p, as docs/math.md section 3, step 4 orders the sum; values 2k and 2k + 1 of a row vector are word k.
 #pragma unroll
     for (int u = 0; u < pairs_in_flight; ++u)
 #pragma unroll

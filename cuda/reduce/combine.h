@@ -1,6 +1,6 @@
-// Host-callable launchers of the token combine (SPEC section 3 step 4) and of its weights-1 form, the broadcast
-// backward (section 4 step 7), fixed or variable top-k (section 6). Plain C++: src/cuda_backend/reduce_ops.cpp includes it
-// from g++.
+// Host-callable launchers of the token combine (docs/math.md section 3, step 4) and of its weights-1 form, the
+// broadcast backward (section 4, step 7), fixed or variable top-k (section 6). Plain C++:
+// src/cuda_backend/reduce_ops.cpp includes it from g++.
 //
 //   out[t] = beta * out[t] + sum over the pairs p of token t, ascending, of w[p] * grouped[grouped_pos[p]]
 //

@@ -1,5 +1,5 @@
 // The combine kernel for bf16 storage, few pairs per token (combine.cuh: CombineFewPairs); one instantiation per translation
-// unit (DESIGN.md "Build budget").
+// unit (docs/kernels.md).
 #include "cuda/reduce/combine.cuh"
 
 namespace moekit {

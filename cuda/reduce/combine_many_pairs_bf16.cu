@@ -1,5 +1,5 @@
 // The combine kernel for bf16 storage, many pairs per token (combine.cuh: CombineManyPairs); one instantiation per translation
-// unit (DESIGN.md "Build budget").
+// unit (docs/kernels.md).
 #include "cuda/reduce/combine.cuh"
 
 namespace moekit {

@@ -2,12 +2,12 @@
 //
 // A 16-bit key has 16 significant bits, so its order code and its expert fit one 32-bit word:
 //   word = (order code of the 16-bit value << 16) + (0xFFFF - expert)
-// Words compare like (key, then lower expert first), the selection order of SPEC 1, so the warp's largest word is
-// the round's winner and its tie-break at once. The order code is the value's two's complement (sign-magnitude
-// bits turned into a signed integer, so -0 meets +0) offset so that +inf codes to 0xFFFF; the keys never chosen
-// while a real key remains (-inf and NaN of either sign) then wrap to or below one floor code and are clamped to
-// it, so among themselves they order by the lowest expert only. A slot past E loads the bits 0xFFFF (a NaN): it is
-// excluded and its expert is above every real one, so with K <= E it is never chosen.
+// Words compare like (key, then lower expert first), the selection order of docs/math.md section 1, so the warp's
+// largest word is the round's winner and its tie-break at once. The order code is the value's two's complement
+// (sign-magnitude bits turned into a signed integer, so -0 meets +0) offset so that +inf codes to 0xFFFF; the keys
+// never chosen while a real key remains (-inf and NaN of either sign) then wrap to or below one floor code and are
+// clamped to it, so among themselves they order by the lowest expert only. A slot past E loads the bits 0xFFFF (a NaN):
+// it is excluded and its expert is above every real one, so with K <= E it is never chosen.
 //
 // Each lane sorts its words descending once, so its best is always its first word; a round takes the warp max
 // of the lanes' first words (redux.sync), and the one lane that holds it shifts its list by one.

@@ -1,4 +1,4 @@
-// Host-callable launchers of the router kernels (SPEC section 1) and the pure function that picks their shape.
+// Host-callable launchers of the router kernels (docs/math.md section 1) and the pure function that picks their shape.
 // Plain C++ (no CUDA language features): src/cuda_backend/routing_ops.cpp includes it from g++.
 //
 // Both kernels give each token row to a "row group" of threads: one warp for E <= 1024, a whole block of 256 or

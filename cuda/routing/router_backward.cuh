@@ -1,5 +1,5 @@
-// Router backward (SPEC section 1), the kernel and its launcher, templated on the logits dtype T. For each token
-// row: dlogits [E] (fp32 or T) from the score gradient g [K], the forward's indices and the logits, recomputing
+// Router backward (docs/math.md section 1), the kernel and its launcher, templated on the logits dtype T. For each
+// token row: dlogits [E] (fp32 or T) from the score gradient g [K], the forward's indices and the logits, recomputing
 // the softmax / sigmoid in fp32 (the sigmoid in double, as the forward's key). TOPK_SOFTMAX writes every entry
 // (-p_e * c outside the selected experts); the other kinds write 0 outside them, or leave the old value when
 // accumulating.

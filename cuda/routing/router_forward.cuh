@@ -1,4 +1,4 @@
-// Router forward (SPEC section 1), the kernel and its launcher, templated on the logits dtype T. For each token
+// Router forward (docs/math.md section 1), the kernel and its launcher, templated on the logits dtype T. For each token
 // row of logits [T, E]: the K experts with the largest fp32 selection keys (value-descending, ties to the lower
 // expert, -inf never chosen, in every kind), their scores by the router kind, and per-expert counts.
 //

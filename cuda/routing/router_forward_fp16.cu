@@ -1,5 +1,5 @@
 // The router forward for fp16 logits: this dtype's instantiations of the kernel template,
-// one per row-group shape (DESIGN.md "Build budget": one dtype per translation unit).
+// one per row-group shape (one dtype per translation unit, as docs/kernels.md says).
 #include "cuda/routing/router_forward.cuh"
 
 namespace moekit {

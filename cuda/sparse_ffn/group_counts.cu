@@ -1,4 +1,4 @@
-// Per-group selection counts of the sparse FFN (SPEC section 7), from the groups group selection wrote:
+// Per-group selection counts of the sparse FFN (docs/math.md section 7), from the groups group selection wrote:
 //   counts[g] = #{(t, k) : groups[t, k] == g}                                   (overwritten)
 // Two passes, no global atomics (every token's selections would otherwise meet on the same few cache lines):
 //   1. kCountSlices blocks, each over a contiguous slice of tokens: a shared-memory histogram (shared atomics

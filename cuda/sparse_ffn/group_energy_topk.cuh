@@ -1,4 +1,4 @@
-// Group energies and top-kg group selection of the sparse SwiGLU FFN (SPEC section 7), one warp per token.
+// Group energies and top-kg group selection of the sparse SwiGLU FFN (docs/math.md section 7), one warp per token.
 //
 // Computes, for each token t of a chunk:
 //   en[g]  = estimate_scale * sum over the rows_per_group consecutive columns c of group g of |silu(pre[t, c])|
@@ -50,8 +50,9 @@ inline int64_t group_energy_smem_per_warp(int64_t groups, int64_t top_groups) {
 }
 
 // |silu(z)| = |z| * sigmoid(z). The fast exp (ex2.approx, ~2 ulp) and the rounded reciprocal keep the energy
-// within ~1e-6 relative of the exact one, far inside SPEC's 1e-3 near-tie band, at a third of the instructions
-// of expf and an IEEE division (this loop evaluates T * NG * pg of them). z = -inf gives NaN, as z / (1 + e^-z).
+// within ~1e-6 relative of the exact one, far inside the 1e-3 near-tie band of docs/math.md section 9, at a third
+// of the instructions of expf and an IEEE division (this loop evaluates T * NG * pg of them). z = -inf gives NaN,
+// as z / (1 + e^-z).
 __device__ __forceinline__ float abs_silu(float z) { return fabsf(z) * __frcp_rn(1.0f + __expf(-z)); }
 
 // The key the selection orders by. NaN and -inf energies are invalid input; they become -inf so they rank after

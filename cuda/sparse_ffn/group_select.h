@@ -1,4 +1,4 @@
-// Host-callable launchers of the sparse-FFN kernels (SPEC section 7): the subsample-row gather, the per-token
+// Host-callable launchers of the sparse-FFN kernels (docs/math.md section 7): the subsample-row gather, the per-token
 // group energy + top-kg selection, and the load-balance update. Plain C++ (raw pointers, sizes, streams); the
 // CUDA backend's sparse_ffn_ops.cpp reads the tensor views and calls these. Each launcher only enqueues work.
 #pragma once
@@ -66,7 +66,7 @@ void launch_group_counts(const GroupCountsArgs& args, cudaStream_t stream);
 // The most groups the energy kernel serves (a plan-time check): one warp's keys and picks fit in shared memory.
 constexpr int64_t kMaxSelectGroups = 16384;
 
-// SPEC section 7's load-balance update, in float64 exactly as the reference computes it, one thread per group.
+// docs/math.md section 7's load-balance update, in float64 exactly as the reference computes it, one thread per group.
 struct LoadBalanceArgs {
   const void* counts;  // [NG] int32, int64 or fp32
   CountsType counts_type;

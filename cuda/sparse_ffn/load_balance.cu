@@ -1,4 +1,4 @@
-// The aux-loss-free load-balance update of SPEC section 7, one thread per group:
+// The aux-loss-free load-balance update of docs/math.md section 7, one thread per group:
 //   freq = counts[g] / tokens;  ema[g] = fp32(m * ema[g] + (1 - m) * freq);  target = kg / NG
 //   bias[g] += gamma where ema[g] < target / 2, -= gamma where ema[g] > 2 * target (strict, on the stored ema)
 //   bias[g] = fp32(clamp(bias[g], -bias_max, bias_max))

@@ -3,14 +3,14 @@
  * static link), checked against the layer operations moekit_moe_forward / moekit_moe_backward. Reference (CPU)
  * backend, host memory, bf16 with fp32 weight gradients, no biases.
  *
- * Forward (SPEC section 3):
+ * Forward (docs/math.md section 3):
  *   logits = x Wr^T              grouped GEMM, one group (a dense GEMM)
  *   scores, indices = router     softmax over the top-k logits
  *   CSR = dispatch(indices)      expert_offsets, gather_idx, pair_idx, grouped_pos
  *   h, a = x[gather] W1^T        grouped GEMM, varlen M, rows of x gathered, gated (SwiGLU) epilogue
  *   y = a W2^T                   grouped GEMM, varlen M
  *   out = combine(y, scores)     out_t = sum over k of s[t,k] y[grouped_pos[t,k]]
- * Backward (SPEC section 4):
+ * Backward (docs/math.md section 4):
  *   dh, a', ds                   grouped GEMM dout[gather] W2, dgated epilogue
  *   dW2, dW1                     grouped GEMMs, varlen K
  *   dx = broadcast(dh W1)        grouped GEMM, then the broadcast backward
@@ -219,7 +219,7 @@ static void combine(moekit_handle_t handle) {
 }
 
 /* ---------------------------------------------------------------------------------------------- */
-/* The backward, SPEC section 4 step by step (no biases here, so no db1 and no db2 + ds)          */
+/* The backward, docs/math.md section 4 step by step (no biases here, so no db1 and no db2 + ds)  */
 /* ---------------------------------------------------------------------------------------------- */
 
 /* Creates a grouped-GEMM plan for `desc`, runs it once on `args` and destroys it. */
@@ -477,7 +477,7 @@ static void experts_forward(moekit_handle_t handle) {
 
 static int mismatches = 0;
 
-/* The layer rounds at the same points as the chain (SPEC section 8), so the two agree; report how closely and
+/* The layer rounds at the same points as the chain (docs/math.md section 8), so the two agree; report how closely and
  * fail past a bf16-sized relative error. */
 static void compare(const char* name, const double* chain, const double* layer, size_t count, int identical) {
   double diff = 0.0, norm = 0.0, relative;

@@ -2,7 +2,7 @@
  * moekit.h — the whole public C API of moekit.
  *
  * moekit computes the training (forward and backward) kernels of Mixture-of-Experts layers and of
- * group-sparse SwiGLU FFNs. The math of every operation is written in SPEC.md; this header states the
+ * group-sparse SwiGLU FFNs. The math of every operation is written in docs/math.md; this header states the
  * calling contract. It compiles as C99 and as C++ and needs no CUDA header.
  *
  * Conventions that hold for every function below:
@@ -215,7 +215,7 @@ typedef enum moekit_glu_layout {
 } moekit_glu_layout_t;
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 1 — Router (SPEC section 1)                                                                */
+/* Level 1 — Router (docs/math.md section 1)                                                        */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef struct moekit_router_desc {
@@ -259,7 +259,7 @@ MOEKIT_API moekit_status_t moekit_router_backward(moekit_plan_t plan, const moek
                                                   void* workspace, size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 1 — Dispatch metadata: the deterministic CSR (SPEC section 2)                              */
+/* Level 1 — Dispatch metadata: the deterministic CSR (docs/math.md section 2)                      */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef struct moekit_dispatch_desc {
@@ -294,7 +294,7 @@ MOEKIT_API moekit_status_t moekit_dispatch(moekit_plan_t plan, const moekit_disp
                                            size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 1 — Grouped GEMM (SPEC section 5)                                                          */
+/* Level 1 — Grouped GEMM (docs/math.md section 5)                                                  */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef enum moekit_gemm_mode {
@@ -317,7 +317,8 @@ typedef enum moekit_gemm_epilogue {
   MOEKIT_EPILOGUE_STORE = 0,  /* C = alpha AB + beta C */
   MOEKIT_EPILOGUE_BIAS = 1,   /* C = alpha AB + bias[e] + beta C (varlen M) */
   MOEKIT_EPILOGUE_GATED = 2,  /* varlen M: h = alpha AB (+ bias[e]), stored rounded; a = act(rounded h) */
-  MOEKIT_EPILOGUE_DGATED = 3  /* varlen M: dA = alpha AB; outputs dh, a' = s a, ds = dA . a (SPEC 4.1) */
+  MOEKIT_EPILOGUE_DGATED = 3  /* varlen M: dA = alpha AB; outputs dh, a' = s a, ds = dA . a
+                                 (docs/math.md section 4, step 1) */
 } moekit_gemm_epilogue_t;
 
 typedef struct moekit_gemm_desc {
@@ -369,7 +370,7 @@ MOEKIT_API moekit_status_t moekit_gemm(moekit_plan_t plan, const moekit_gemm_arg
                                        size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 1 — Combine, broadcast backward, db1, db2 + ds (SPEC section 6)                            */
+/* Level 1 — Combine, broadcast backward, db1, db2 + ds (docs/math.md section 6)                    */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef struct moekit_combine_desc {
@@ -448,7 +449,7 @@ MOEKIT_API moekit_status_t moekit_db2_ds(moekit_plan_t plan, const moekit_db2_ds
                                          size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 1 — Sparse-FFN group selection, load balance, subsample rows (SPEC section 7)              */
+/* Level 1 — Sparse-FFN group selection, load balance, subsample rows (docs/math.md section 7)      */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef struct moekit_sparse_ffn_desc {
@@ -513,7 +514,7 @@ MOEKIT_API moekit_status_t moekit_subsample_rows(uint64_t seed, int64_t num_grou
                                                  int64_t rows_per_group, int32_t* out);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 2 — The MoE layer (SPEC sections 3 and 4)                                                  */
+/* Level 2 — The MoE layer (docs/math.md sections 3 and 4)                                          */
 /* ------------------------------------------------------------------------------------------------ */
 
 typedef struct moekit_moe_desc {
@@ -633,7 +634,7 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
                                                    size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
-/* Level 2 — The sparse SwiGLU FFN layer (SPEC section 7)                                           */
+/* Level 2 — The sparse SwiGLU FFN layer (docs/math.md section 7)                                   */
 /* ------------------------------------------------------------------------------------------------ */
 
 MOEKIT_API moekit_status_t moekit_sparse_ffn_plan_create(moekit_handle_t handle, const moekit_sparse_ffn_desc_t* desc,

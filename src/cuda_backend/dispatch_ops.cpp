@@ -1,4 +1,4 @@
-// The CUDA backend's dispatch (SPEC section 2): reads the tensor views capi has validated and enqueues the
+// The CUDA backend's dispatch (docs/math.md section 2): reads the tensor views capi has validated and enqueues the
 // kernels of cuda/dispatch/ on the caller's stream. No host synchronisation: the number of valid pairs, and for
 // general routing the number of pairs, stay on the device.
 #include "cuda/common/cuda_check.h"

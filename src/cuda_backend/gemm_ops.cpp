@@ -1,4 +1,4 @@
-// The CUDA backend's grouped GEMM (SPEC section 5): capi/ has checked shapes, dtypes, devices and 16-byte
+// The CUDA backend's grouped GEMM (docs/math.md section 5): capi/ has checked shapes, dtypes, devices and 16-byte
 // alignment; this file checks what the tensor-core kernels need beyond that (bf16 / fp16 operands, widths and row
 // strides in whole 16-byte vectors), fills the kernels' problem from the views and enqueues cuda/gemm/.
 #include <cuda_runtime.h>

@@ -128,8 +128,8 @@ inline moekit_bias_grad_desc_t bias_grad_desc(const moekit_moe_desc_t& d, Groupe
   return b;
 }
 
-// The grouped GEMMs and bias sums of an expert MLP (SPEC 3 steps 1-3, SPEC 4 steps 1-6) as plans. `gathered`:
-// the MoE layer, whose x and dout rows are gathered by token; the experts-only layer's rows come grouped.
+// The grouped GEMMs and bias sums of an expert MLP (docs/math.md section 3, steps 1-3, section 4, steps 1-6) as plans.
+// `gathered`: the MoE layer, whose x and dout rows are gathered by token; the experts-only layer's rows come grouped.
 struct ExpertMlpPlans {
   moekit_plan up, down;                        // forward: h and a; y (+ b2)
   moekit_plan dgated, dxe, dw2, dw1, db1, db2;  // backward
@@ -199,7 +199,8 @@ inline ExpertMlpPlans expert_mlp_plans(const moekit_plan& layer, GroupedRows row
   return p;
 }
 
-// The dispatch CSR of a routed layer's call (SPEC 2), carved from the workspace: E+1 offsets and three [P] maps.
+// The dispatch CSR of a routed layer's call (docs/math.md section 2), carved from the workspace: E+1 offsets and
+// three [P] maps.
 struct Routing {
   int32_t *offsets, *gather_idx, *pair_idx, *grouped_pos;
 };

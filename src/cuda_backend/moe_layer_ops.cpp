@@ -1,11 +1,11 @@
-// The MoE layer (SPEC sections 3 and 4) on the CUDA backend: the building blocks chained on the caller's stream,
-// every buffer carved from the caller's workspace and saved buffer, nothing allocated and nothing waited for, so
-// a forward + backward can be captured in a CUDA graph and replayed with any routing (the per-expert counts live
+// The MoE layer (docs/math.md sections 3 and 4) on the CUDA backend: the building blocks chained on the caller's
+// stream, every buffer carved from the caller's workspace and saved buffer, nothing allocated and nothing waited for,
+// so a forward + backward can be captured in a CUDA graph and replayed with any routing (the per-expert counts live
 // on the device only).
 //
 // Forward: logits = x Wr^T (cuBLASLt) -> router -> dispatch -> up GEMM (x rows gathered, gated epilogue: h, a)
 // -> down GEMM (+ b2) -> combine into out. Saved: the logits, scores, int32 indices and h; the dispatch is
-// recomputed from the indices in the backward (SPEC 4).
+// recomputed from the indices in the backward (docs/math.md section 4).
 // Backward: dispatch -> dgated GEMM (dout rows gathered @ W2: dh, a', ds) -> db2 + the dout.b2 part of ds ->
 // router backward (dlogits) -> input gradient: dxe = dh W1, dx = beta dx + sum of dxe, dx += dlogits Wr;
 // weight gradients: dW2 = dout^T a', dW1 = dh^T x, db1, db2, dWr = dlogits^T x.

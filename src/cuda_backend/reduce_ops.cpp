@@ -1,4 +1,4 @@
-// The CUDA backend's token reductions (SPEC section 6): combine and the broadcast backward (one method: scores
+// The CUDA backend's token reductions (docs/math.md section 6): combine and the broadcast backward (one method: scores
 // absent means weights of 1), db1, and db2 with the dout . b2 part of ds. capi/ has checked shapes, dtypes,
 // devices and 16-byte alignment; this file checks what only the kernels need (2-byte storage, rows made of whole
 // 16-byte vectors), then enqueues the launchers of cuda/reduce/.

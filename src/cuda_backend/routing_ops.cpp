@@ -1,4 +1,4 @@
-// The CUDA backend's router operations (SPEC section 1): read the tensor views capi validated and enqueue the
+// The CUDA backend's router operations (docs/math.md section 1): read the tensor views capi validated and enqueue the
 // kernels of cuda/routing/ on the caller's stream. No synchronisation, no allocation.
 #include <string>
 

@@ -1,13 +1,13 @@
-// The sparse SwiGLU FFN layer (SPEC section 7) on the CUDA backend. After group selection the layer is an MoE with
-// E = NG = F/G experts of width I = G, top-k kg and every score 1, so it chains the MoE layer's building blocks on
+// The sparse SwiGLU FFN layer (docs/math.md section 7) on the CUDA backend. After group selection the layer is an MoE
+// with E = NG = F/G experts of width I = G, top-k kg and every score 1, so it chains the MoE layer's building blocks on
 // the caller's stream: every buffer carved from the caller's workspace and saved buffer, nothing allocated, nothing
 // waited for. The grouped arrays are [T*kg, 2G] at most: no [T, F] tensor exists, forward or backward.
 //
 // Forward: group selection (x, Wg -> groups [T, kg], counts) -> dispatch (the groups as expert ids) -> Wg, Wu, Wd
 // copied into the expert layouts W1 [NG, 2G, D], W2 [NG, D, G] -> up GEMM (x rows gathered, gated SwiGLU epilogue
-// in the concat layout: h = [gate | up] rounded, a = silu(gate) * up rounded, SPEC 7's rounding points) -> down GEMM
-// -> combine with weights 1 into out. Saved: the groups (int32) and h; the dispatch is recomputed in the backward.
-// Backward: dispatch -> W2 copy -> dgated GEMM (dout rows gathered @ W2, scores of 1: dh = [dgate | dup] and
+// in the concat layout: h = [gate | up] rounded, a = silu(gate) * up rounded, docs/math.md section 8's rounding points)
+// -> down GEMM -> combine with weights 1 into out. Saved: the groups (int32) and h; the dispatch is recomputed in the
+// backward. Backward: dispatch -> W2 copy -> dgated GEMM (dout rows gathered @ W2, scores of 1: dh = [dgate | dup] and
 // a' = a) -> weight gradients: dW1 = dh^T x and dW2 = dout^T a' (fp32, expert layouts, one staging buffer in turn),
 // each added into dWg, dWu / dWd with its beta -> input gradient: W1 copy, dxe = dh W1, dx = beta dx + the sum of a
 // token's dxe rows. Each of the caller's tensors a GEMM reads (x, dout) is taken by a GEMM before the first write to

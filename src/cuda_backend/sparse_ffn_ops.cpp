@@ -1,9 +1,9 @@
-// The CUDA backend's sparse-FFN building blocks (SPEC section 7): group selection and the load-balance update.
+// The CUDA backend's sparse-FFN building blocks (docs/math.md section 7): group selection and the load-balance update.
 //
 // Group selection per chunk of tokens: the gate pre-activation pre = x · W_sel^T is one cuBLASLt GEMM (bf16/fp16
-// in, fp32 accumulation, bf16/fp16 out: its output rounding is SPEC's rounding point), W_sel being Wg itself or
-// its subsample rows gathered into the workspace; then the energy + top-kg kernel reads pre. Counts, when asked
-// for, are one histogram pass over the groups at the end (group_counts.cu). Nothing waits for
+// in, fp32 accumulation, bf16/fp16 out: its output is a rounding point of docs/math.md section 8), W_sel being Wg
+// itself or its subsample rows gathered into the workspace; then the energy + top-kg kernel reads pre. Counts, when
+// asked for, are one histogram pass over the groups at the end (group_counts.cu). Nothing waits for
 // the device, nothing is allocated on the device, and the chosen GEMM algorithm is fixed per problem shape, so
 // a call gives the same bits on every run and stream.
 #include <cuda_runtime.h>

@@ -1,4 +1,4 @@
-// The expert activations of SPEC section 3, forward and backward, in float64, one row of h at a time.
+// The expert activations of docs/math.md section 3, forward and backward, in float64, one row of h at a time.
 // Gated activations read gate and up from one h row of width 2I (layout concat or interleaved) and produce an
 // a row of width I; non-gated ones map an I-wide h row to an I-wide a row.
 #pragma once

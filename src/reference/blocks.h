@@ -1,4 +1,4 @@
-// The reference math of the building blocks (SPEC sections 1, 2, 6, 7) on dense row-major float64 / int64
+// The reference math of the building blocks (docs/math.md sections 1, 2, 6, 7) on dense row-major float64 / int64
 // host arrays. The reference backend's level-1 operations wrap these around tensor I/O (reference/dense.h);
 // the reference layers call them directly. Nothing here rounds unless it says so.
 #pragma once
@@ -22,17 +22,17 @@ struct RouterSpec {
   double scale;  // SIGMOID kind
 };
 
-// SPEC section 1 forward. logits [T, E] (the stored values), bias [E] or nullptr (SIGMOID kind).
+// docs/math.md section 1 forward. logits [T, E] (the stored values), bias [E] or nullptr (SIGMOID kind).
 // Writes scores [T, K] (float64, unrounded), indices [T, K] (global ids), and, if counts != nullptr, counts [E]
 // (overwritten with the number of pairs selecting each expert).
 void router_forward(const RouterSpec& spec, int64_t tokens, const double* logits, const double* bias,
                     double* scores, int64_t* indices, int64_t* counts);
 
-// SPEC section 1 backward. dscores [T, K]; overwrites dlogits [T, E] with the gradient.
+// docs/math.md section 1 backward. dscores [T, K]; overwrites dlogits [T, E] with the gradient.
 void router_backward(const RouterSpec& spec, int64_t tokens, const double* logits, const int64_t* indices,
                      const double* dscores, double* dlogits);
 
-// SPEC section 2. grouped_pos has one entry per pair; expert_offsets E+1; gather_idx / pair_idx have one entry
+// docs/math.md section 2. grouped_pos has one entry per pair; expert_offsets E+1; gather_idx / pair_idx have one entry
 // per VALID pair (size expert_offsets[E]).
 struct Csr {
   std::vector<int64_t> expert_offsets;
@@ -72,7 +72,7 @@ struct GroupSelectSpec {
   int32_t dtype;      // storage dtype the gate pre-activation is rounded to
 };
 
-// SPEC section 7 selection. x [T, D], w_gate [F, D], subsample_rows [NG, spg] global ids (nullptr iff spg = 0),
+// docs/math.md section 7 selection. x [T, D], w_gate [F, D], subsample_rows [NG, spg] global ids (nullptr iff spg = 0),
 // lb_bias [NG] or nullptr. Writes groups [T, kg] and, if counts != nullptr, counts [NG] (overwritten).
 void group_select(const GroupSelectSpec& spec, int64_t tokens, const double* x, const double* w_gate,
                   const int64_t* subsample_rows, const double* lb_bias, int64_t* groups, int64_t* counts);

@@ -28,7 +28,7 @@ void write_values(const moekit_tensor_t& t, const std::vector<double>& values, i
 void write_indices(const moekit_tensor_t& t, const std::vector<int64_t>& values, int64_t row_begin = 0,
                    int64_t row_end = -1);
 
-// Rounds every element in place to `dtype` (a rounding point of SPEC section 8).
+// Rounds every element in place to `dtype` (a rounding point of docs/math.md section 8).
 void round_all(std::vector<double>& values, int32_t dtype);
 
 }  // namespace ref

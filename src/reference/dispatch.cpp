@@ -1,4 +1,4 @@
-// Dispatch metadata (SPEC section 2): a stable counting sort of the valid pairs by local expert, and the
+// Dispatch metadata (docs/math.md section 2): a stable counting sort of the valid pairs by local expert, and the
 // reference backend's dispatch operation (fixed top-k and general routing).
 #include <string>
 #include <vector>

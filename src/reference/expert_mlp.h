@@ -1,4 +1,4 @@
-// The expert MLP of SPEC sections 3 and 4 on grouped rows, in float64 with the rounding points of section 8:
+// The expert MLP of docs/math.md sections 3 and 4 on grouped rows, in float64 with the rounding points of section 8:
 // the part the MoE layer and the experts-only layer share. Built from the grouped GEMM pieces of
 // reference/grouped_gemm.h, so a layer computes every value as the grouped GEMM operation would.
 #pragma once
@@ -27,8 +27,8 @@ struct ExpertMlp {
 // h [rows, h_width] = round(x_row W1[e]^T + b1[e]); a = round(act(h)); y [rows, H] = round(a W2[e]^T + b2[e]).
 void expert_mlp_forward(const ExpertMlp& mlp, const int64_t* offsets, const GroupedRows& x, double* h, double* y);
 
-// The dgated step (SPEC 4.1): dA = dout_row W2[e]; with s = scale ? scale[pair(r)] : 1 and pair(r) = pair_idx ?
-// pair_idx[r] : r: ds[pair(r)] = dA . act(h) (when ds != nullptr), dh = round(dact(h, s dA)),
+// The dgated step (docs/math.md section 4, step 1): dA = dout_row W2[e]; with s = scale ? scale[pair(r)] : 1 and
+// pair(r) = pair_idx ? pair_idx[r] : r: ds[pair(r)] = dA . act(h) (when ds != nullptr), dh = round(dact(h, s dA)),
 // a_scaled = round(s act(h)).
 void expert_mlp_dgated(const ExpertMlp& mlp, const int64_t* offsets, const GroupedRows& dout, const double* h,
                        const double* scale, const int64_t* pair_idx, double* dh, double* a_scaled, double* ds);

@@ -1,4 +1,4 @@
-// Grouped neuron selection of the sparse SwiGLU FFN (SPEC section 7): per-group gate energies, top-k groups per
+// Grouped neuron selection of the sparse SwiGLU FFN (docs/math.md section 7): per-group gate energies, top-k groups per
 // token, and the reference backend's group-select operation.
 #include <cmath>
 #include <string>
@@ -56,7 +56,7 @@ void group_select(const GroupSelectSpec& spec, int64_t tokens, const double* x, 
           const double* w = w_gate + rows[static_cast<size_t>(g * per_group + j)] * D;
           double pre = 0;
           for (int64_t c = 0; c < D; ++c) pre += xt[c] * w[c];
-          // The gate pre-activation is a rounding point (SPEC section 8): the energy reads the stored value.
+          // The gate pre-activation is a rounding point (docs/math.md section 8): the energy reads the stored value.
           energy += std::fabs(silu(round_to(pre, spec.dtype)));
         }
         if (spec.subsample > 0) energy *= estimate_scale;

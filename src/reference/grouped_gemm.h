@@ -1,4 +1,4 @@
-// The grouped GEMM of SPEC section 5 on dense row-major float64 arrays: the two grouped products (varlen M,
+// The grouped GEMM of docs/math.md section 5 on dense row-major float64 arrays: the two grouped products (varlen M,
 // varlen K), the epilogues (store / bias, gated, dgated) with their rounding points, and grouped_gemm(), the
 // whole moekit_gemm operation. The reference layers build on the same pieces, so the layer and the building
 // block compute every value the same way.
@@ -51,12 +51,12 @@ void varlen_k_product(int64_t groups, const int64_t* offsets, int64_t m, int64_t
 void store_epilogue(int64_t groups, const int64_t* offsets, int64_t n, const double* product, double alpha,
                     const double* bias, double beta, int32_t dtype, double* c);
 
-// Gated epilogue (SPEC 3 steps 1-2): h[r] = round(alpha * product[r] + bias[e]) (width h_width(act)),
+// Gated epilogue (docs/math.md section 3, steps 1-2): h[r] = round(alpha * product[r] + bias[e]) (width h_width(act)),
 // a[r] = round(act(h[r])) (width act.width), computed from the rounded h. product may alias h.
 void gated_epilogue(const ActivationSpec& act, int32_t dtype, int64_t groups, const int64_t* offsets,
                     const double* product, double alpha, const double* bias, double* h, double* a);
 
-// Dgated epilogue (SPEC 4 step 1) for grouped row r with scale s = row_scale ? row_scale[pair(r)] : 1,
+// Dgated epilogue (docs/math.md section 4, step 1) for grouped row r with scale s = row_scale ? row_scale[pair(r)] : 1,
 // pair(r) = pair_idx ? pair_idx[r] : r, dA = alpha * product[r] (width act.width, never rounded):
 //   a = act(h[r]) (unrounded); dscores[pair(r)] = dA . a (when dscores != nullptr);
 //   dh[r] = round(dact(h[r], s * dA)); a_scaled[r] = round(s * a).
@@ -71,7 +71,7 @@ struct DgatedRows {
 void dgated_epilogue(const ActivationSpec& act, int32_t dtype, int64_t groups, const int64_t* offsets,
                      const double* product, double alpha, const DgatedRows& rows);
 
-// The whole moekit_gemm operation (moekit.h, SPEC 5) on dense arrays.
+// The whole moekit_gemm operation (moekit.h, docs/math.md section 5) on dense arrays.
 struct GroupedGemmSpec {
   int32_t mode;      // moekit_gemm_mode_t
   int32_t b_layout;  // moekit_gemm_b_layout_t (varlen M)

@@ -1,4 +1,4 @@
-// The aux-loss-free load-balance update of SPEC section 7, once per optimizer step, on the reference backend.
+// The aux-loss-free load-balance update of docs/math.md section 7, once per optimizer step, on the reference backend.
 #include <algorithm>
 #include <vector>
 

@@ -1,5 +1,5 @@
-// The MoE layer (SPEC sections 3 and 4) on the reference backend: router GEMM, router, dispatch, expert MLP on the
-// grouped rows, combine; and its backward. Saved between the two: the router's logits, scores and indices and the
+// The MoE layer (docs/math.md sections 3 and 4) on the reference backend: router GEMM, router, dispatch, expert MLP on
+// the grouped rows, combine; and its backward. Saved between the two: the router's logits, scores and indices and the
 // rounded h; the dispatch is recomputed from the indices.
 #include <algorithm>
 #include <vector>

@@ -1,4 +1,4 @@
-// The token reductions of SPEC section 6: combine (and the broadcast backward, its weights-1 form), db1, and
+// The token reductions of docs/math.md section 6: combine (and the broadcast backward, its weights-1 form), db1, and
 // db2 with the dout . b2 part of ds; plus the reference backend's operations around them.
 #include <string>
 #include <vector>

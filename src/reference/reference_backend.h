@@ -1,4 +1,4 @@
-// The reference (CPU) backend: SPEC.md computed on host memory in float64, rounded at SPEC section 8's points.
+// The reference (CPU) backend: docs/math.md computed on host memory in float64, rounded at its section 8's points.
 // Its methods live in one file per operation family (router.cpp, dispatch.cpp, reduce.cpp, group_select.cpp,
 // gemm.cpp, moe_layer.cpp, experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
 #pragma once

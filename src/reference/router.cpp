@@ -1,4 +1,4 @@
-// The router (SPEC section 1): the four score functions, their backward, and the reference backend's router
+// The router (docs/math.md section 1): the four score functions, their backward, and the reference backend's router
 // operations. Selection keys are fp32 (the contract); scores and gradients are float64.
 #include <algorithm>
 #include <cmath>
@@ -121,7 +121,7 @@ void router_backward(const RouterSpec& spec, int64_t tokens, const double* logit
     }
 
     // The other kinds: s = scale * (renorm ? r / sum(r) : r); dr is the gradient w.r.t. the selected values r.
-    // NOTE: SPEC's sum_j g_j s_j / scale is written as sum_j g_j r_j / sum(r), which needs no division by scale.
+    // NOTE: docs/math.md's sum_j g_j s_j / scale is written as sum_j g_j r_j / sum(r): no division by scale.
     selected_values(spec, row, idx, r.data(), probs);
     double sum_r = 0;
     for (int64_t k = 0; k < K; ++k) sum_r += r[static_cast<size_t>(k)];

@@ -1,5 +1,5 @@
-// The sparse SwiGLU FFN layer (SPEC section 7) on the reference backend. After group selection the layer is an MoE
-// with E = F/G experts of size I = G, top-k kg and all scores 1: the tokens are grouped by selected group (the
+// The sparse SwiGLU FFN layer (docs/math.md section 7) on the reference backend. After group selection the layer is an
+// MoE with E = F/G experts of size I = G, top-k kg and all scores 1: the tokens are grouped by selected group (the
 // dispatch CSR) and each group's slice of Wg, Wu, Wd is one expert's weights, so nothing [T, F] exists; the
 // grouped arrays are [T*kg, G] = [T, kg*G]. Saved between forward and backward: the selected groups.
 #include <algorithm>

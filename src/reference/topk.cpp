@@ -1,4 +1,4 @@
-// Top-k selection shared by the router (SPEC section 1) and the sparse FFN's group selection (section 7).
+// Top-k selection shared by the router (docs/math.md section 1) and the sparse FFN's group selection (section 7).
 // The order is a contract: value-descending on fp32 keys, ties to the lower position, -inf never chosen.
 #include <algorithm>
 #include <cmath>

@@ -1,5 +1,5 @@
 // Shared test helpers: owning host tensors that hand out moekit_tensor_t views, random fills, poisoning, the
-// three error metrics of SPEC section 9, a REQUIRE that prints the library's last error on failure, and owners
+// three error metrics of docs/math.md section 9, a REQUIRE that prints the library's last error on failure, and owners
 // of a reference handle, a plan and an aligned buffer.
 #pragma once
 
@@ -47,7 +47,7 @@ class HostTensor {
 
 size_t dtype_size(moekit_dtype_t dtype);
 
-// SPEC section 9 metrics between `out` and `ref`, both dense row-major with rows of `width` elements.
+// docs/math.md section 9 metrics between `out` and `ref`, both dense row-major with rows of `width` elements.
 // segments: row offsets [S+1] of the segments for the per-segment metric (empty = one segment, the whole tensor).
 struct ErrorMetrics {
   double whole;        // ||out - ref|| / ||ref||

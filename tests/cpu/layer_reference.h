@@ -1,5 +1,5 @@
 // Plain-loop references for the layer tests (test_moe_layer.cpp, test_experts_layer.cpp): one expert's MLP on one
-// row, forward and backward, in float64 with the rounding points of SPEC section 8, written row by row with no
+// row, forward and backward, in float64 with the rounding points of docs/math.md section 8, written row by row with no
 // grouping, packing or blocking. The activation itself comes from the library (reference/activation.h): it is
 // checked on its own against an independent implementation in test_grouped_gemm.cpp.
 //

@@ -1,4 +1,4 @@
-// Dispatch metadata (SPEC section 2) through the C ABI on the reference backend, against a brute-force stable
+// Dispatch metadata (docs/math.md section 2) through the C ABI on the reference backend, against a brute-force stable
 // sort of the pairs by local expert: fixed and general routing, dropped pairs, a local expert range, and rows
 // past the valid count left untouched.
 #include <catch2/catch.hpp>

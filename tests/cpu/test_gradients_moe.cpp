@@ -1,4 +1,4 @@
-// Finite-difference checks of the MoE layer backward (SPEC sections 3 and 4) through the C ABI.
+// Finite-difference checks of the MoE layer backward (docs/math.md sections 3 and 4) through the C ABI.
 //
 // Everything runs in float64 (MOEKIT_DTYPE_FP64), where no rounding point changes a value, so the analytic
 // gradients of loss = sum(G * out) must match central differences to ~1e-6 relative. A draw is rejected and
@@ -259,7 +259,7 @@ class MoeProblem {
     fill(g, rng, -1.0, 1.0);
   }
 
-  // The selection key of each router expert for token t, as SPEC section 1 orders them.
+  // The selection key of each router expert for token t, as docs/math.md section 1 orders them.
   std::vector<double> router_keys(int64_t t) const {
     const int64_t H = case_.hidden;
     std::vector<double> keys(static_cast<size_t>(case_.router_experts));

@@ -1,4 +1,4 @@
-// Finite-difference checks of the sparse SwiGLU FFN layer backward (SPEC section 7) through the C ABI.
+// Finite-difference checks of the sparse SwiGLU FFN layer backward (docs/math.md section 7) through the C ABI.
 //
 // float64 throughout (MOEKIT_DTYPE_FP64), so the analytic gradients of loss = sum(G * out) with respect to x, Wg,
 // Wu and Wd must match central differences to ~1e-6 relative. The group selection is not differentiated: a draw
@@ -197,7 +197,7 @@ class FfnProblem {
     if (case_.lb_bias) fill(lb_bias, rng, -0.5, 0.5);
   }
 
-  // en[t, g] of SPEC section 7, in float64.
+  // en[t, g] of docs/math.md section 7, in float64.
   std::vector<double> energies(int64_t t) const {
     const int64_t D = case_.d_model, G = case_.group_size, NG = case_.groups(), spg = case_.subsample;
     std::vector<double> en(static_cast<size_t>(NG));

@@ -1,4 +1,4 @@
-// Grouped neuron selection (SPEC section 7) through the C ABI on the reference backend, against the energy
+// Grouped neuron selection (docs/math.md section 7) through the C ABI on the reference backend, against the energy
 // formula written out directly: all rows or a subsample, with and without a load-balance bias, and the counts.
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-// The grouped GEMM of SPEC section 5 through the C ABI on the reference backend, against loops written here:
+// The grouped GEMM of docs/math.md section 5 through the C ABI on the reference backend, against loops written here:
 // every mode x epilogue x activation x GLU layout x B layout x gather, bf16 and fp64, alpha / beta, group sizes
 // that include 0 and are no tile multiple, and rows past offsets[E] left untouched (poisoned).
 //

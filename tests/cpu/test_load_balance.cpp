@@ -1,5 +1,5 @@
-// The aux-loss-free load-balance update (SPEC section 7) through the C ABI on the reference backend, against the
-// scalar formula: the ema, the strict thresholds at half and twice the target, and the clamp.
+// The aux-loss-free load-balance update (docs/math.md section 7) through the C ABI on the reference backend, against
+// the scalar formula: the ema, the strict thresholds at half and twice the target, and the clamp.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// The MoE layer (SPEC sections 3, 4, 8) through the C ABI on the reference backend, against a straightforward
+// The MoE layer (docs/math.md sections 3, 4, 8) through the C ABI on the reference backend, against a straightforward
 // per-token loop written in the test: for each token, for each of its K experts, the expert MLP directly (no
 // dispatch, no grouping), with the rounding points of section 8. The router scores come from the router building
 // block on logits the test computes, so the layer's router GEMM, its rounding and the wiring are checked too.

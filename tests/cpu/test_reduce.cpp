@@ -1,4 +1,4 @@
-// The token reductions of SPEC section 6 through the C ABI on the reference backend, against straightforward
+// The token reductions of docs/math.md section 6 through the C ABI on the reference backend, against straightforward
 // loops: combine and the broadcast backward (fixed and variable top-k), db1, db2 + ds.
 #include <catch2/catch.hpp>
 
@@ -77,7 +77,7 @@ std::vector<double> combine_loop(const std::vector<int64_t>& tok_begin, const st
 }
 
 // fp64 follows the same summation order as the loop above, so it must match exactly; the storage dtypes get
-// SPEC section 9's bounds.
+// docs/math.md section 9's bounds.
 void check_values(const std::vector<double>& got, const std::vector<double>& want, int64_t width,
                   moekit_dtype_t dtype) {
   if (dtype == MOEKIT_DTYPE_FP64) {

@@ -1,4 +1,4 @@
-// The router (SPEC section 1) through the C ABI on the reference backend: forward against an independent
+// The router (docs/math.md section 1) through the C ABI on the reference backend: forward against an independent
 // implementation for every kind, tie-breaking, -inf masks, counts, and the backward against central finite
 // differences in fp64.
 #include <catch2/catch.hpp>

@@ -1,6 +1,6 @@
-// The sparse SwiGLU FFN layer (SPEC section 7) through the C ABI on the reference backend, against the dense masked
-// formula written in the test: a dense SwiGLU over all F neurons whose non-selected neurons' product is zeroed, and
-// its masked backward. The selection is the group-selection building block's (checked on its own elsewhere); here
+// The sparse SwiGLU FFN layer (docs/math.md section 7) through the C ABI on the reference backend, against the dense
+// masked formula written in the test: a dense SwiGLU over all F neurons whose non-selected neurons' product is zeroed,
+// and its masked backward. The selection is the group-selection building block's (checked on its own elsewhere); here
 // the layer must report the same groups and compute everything else from them.
 #include <catch2/catch.hpp>
 

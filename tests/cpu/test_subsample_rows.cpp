@@ -1,5 +1,5 @@
-// moekit_subsample_rows (SPEC section 7): the documented SplitMix64 + partial Fisher-Yates steps, re-implemented
-// here from moekit.h's comment, and the properties the sparse FFN relies on.
+// moekit_subsample_rows (docs/math.md section 7): the documented SplitMix64 + partial Fisher-Yates steps,
+// re-implemented here from moekit.h's comment, and the properties the sparse FFN relies on.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

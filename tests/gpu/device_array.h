@@ -1,6 +1,6 @@
 // Device tensors for the GPU tests whose shapes are too large for host copies (the [large] oracle tests): an owning
-// device array that hands out moekit_tensor_t views, int32 uploads, downloads, and SPEC section 9's metrics taken
-// on the device (per-row sums by gemm_oracle's device_row_errors, only the sums come back to the host).
+// device array that hands out moekit_tensor_t views, int32 uploads, downloads, and docs/math.md section 9's metrics
+// taken on the device (per-row sums by gemm_oracle's device_row_errors, only the sums come back to the host).
 #pragma once
 
 #include <algorithm>
@@ -49,7 +49,7 @@ inline DeviceArray upload_int32(const std::vector<int32_t>& values) {
   return a;
 }
 
-// SPEC 9 metrics of the first `rows` rows of two dense device tensors of `width` values.
+// docs/math.md section 9 metrics of the first `rows` rows of two dense device tensors of `width` values.
 inline void require_close_device(const void* out, moekit_dtype_t out_dtype, const void* ref, moekit_dtype_t ref_dtype,
                                  int64_t rows, int64_t width, const std::vector<int64_t>& segments,
                                  moekit_dtype_t bounds, const char* what) {

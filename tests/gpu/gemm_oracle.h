@@ -1,6 +1,6 @@
 // A GPU oracle for grouped GEMM shapes too large for the CPU reference (tests/gpu/test_gemm.cpp): random fills
 // and row gathers on the device, one cuBLASLt product per group (fp32 out), the gated / dgated epilogue math of
-// SPEC 3-4 by simple one-row-per-warp kernels, and the per-row sums SPEC section 9's metrics are made of.
+// docs/math.md sections 3-4 by simple one-row-per-warp kernels, and the per-row sums section 9's metrics are made of.
 // Independent of cuda/gemm/ except for the fp32 activation formulas (cuda/common/activation.cuh), which the
 // small-shape tests check against the float64 reference.
 #pragma once
@@ -25,12 +25,13 @@ void device_gather_rows(const void* src, int64_t width, const int32_t* idx, int6
 void cublaslt_product(cublasLtHandle_t handle, moekit_dtype_t dtype, int64_t m, int64_t n, int64_t k, const void* a,
                       int64_t lda, bool a_trans, const void* b, int64_t ldb, bool b_trans, float* c, int64_t ldc);
 
-// GATED (SPEC 3 steps 1-2) from the fp32 product [rows, h width]: h = round(product), a = round(act(h)).
+// GATED (docs/math.md section 3, steps 1-2) from the fp32 product [rows, h width]: h = round(product),
+// a = round(act(h)).
 void device_gated_reference(const float* product, int64_t rows, int64_t act_width, int32_t activation,
                             int32_t glu_layout, float limit, moekit_dtype_t dtype, void* h, void* a);
 
-// DGATED (SPEC 4 step 1) from the fp32 product dA [rows, I]: s = row_scale[pair_idx[r]]; ds[pair_idx[r]] = dA . a,
-// dh = round(dact(h, s dA)), a' = round(s a).
+// DGATED (docs/math.md section 4, step 1) from the fp32 product dA [rows, I]: s = row_scale[pair_idx[r]];
+// ds[pair_idx[r]] = dA . a, dh = round(dact(h, s dA)), a' = round(s a).
 void device_dgated_reference(const float* product, const void* h, const float* row_scale, const int32_t* pair_idx,
                              int64_t rows, int64_t act_width, int32_t activation, int32_t glu_layout, float limit,
                              moekit_dtype_t dtype, void* dh, void* a_scaled, float* ds);

@@ -1,6 +1,6 @@
 // GPU test helpers: device copies of HostTensor, one reference and one CUDA handle per test, and streams.
 // A GPU test builds its inputs as HostTensor (tests/common/test_util.h), runs the reference backend on them and
-// the CUDA backend on device copies, and compares the results with SPEC section 9's metrics.
+// the CUDA backend on device copies, and compares the results with docs/math.md section 9's metrics.
 #pragma once
 
 #include <cuda_runtime.h>

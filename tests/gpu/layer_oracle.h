@@ -1,7 +1,7 @@
 // The MoE layer's token-side steps for the GPU oracle (tests/gpu/test_moe_layer_oracle.cpp), as plain kernels that
-// share nothing with cuda/: the combine of SPEC 3 step 4 / SPEC 4 step 7 with SPEC 8's rounding points, the rounded
-// add of the router's dx part (SPEC 4 step 8), and grouped rows scaled by their pair's score. The per-expert
-// products come from gemm_oracle.h's cublaslt_product.
+// share nothing with cuda/: the combine of docs/math.md section 3, step 4 / section 4, step 7 with section 8's rounding
+// points, the rounded add of the router's dx part (docs/math.md section 4, step 8), and grouped rows scaled by their
+// pair's score. The per-expert products come from gemm_oracle.h's cublaslt_product.
 #pragma once
 
 #include <cstdint>

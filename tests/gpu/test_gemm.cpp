@@ -1,4 +1,4 @@
-// CUDA grouped GEMM (SPEC section 5) against the reference backend through the C ABI, with SPEC section 9's
+// CUDA grouped GEMM (docs/math.md section 5) against the reference backend through the C ABI, with section 9's
 // metrics (whole tensor, per group, per row): varlen M with every epilogue (STORE, BIAS, GATED, DGATED), every
 // activation and GLU layout, both B layouts, gathered and plain A; varlen K with no gather, gather A and gather B,
 // storage or fp32 output, beta 0 and 1; bf16 and fp16; both tile shapes (MOEKIT_GEMM_TILE); counts of 0, 1,

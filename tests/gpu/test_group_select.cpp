@@ -1,5 +1,5 @@
-// Sparse-FFN group selection and the load-balance update (SPEC section 7) on the CUDA backend against the
-// reference backend, through the C ABI. Selections come from computed energies, so SPEC section 9 lets them
+// Sparse-FFN group selection and the load-balance update (docs/math.md section 7) on the CUDA backend against the
+// reference backend, through the C ABI. Selections come from computed energies, so docs/math.md section 9 lets them
 // differ at near-ties: where a token's groups differ, the test recomputes that token's energies in float64
 // (the reference's formula) and accepts the difference only if, rank by rank, the two chosen groups' energies
 // are within 1e-3 relative. Counts must be exactly the histogram of the groups returned. The load-balance

@@ -1,5 +1,5 @@
-// The MoE layer and the experts-only layer on the CUDA backend against the reference backend (SPEC sections 3, 4,
-// 9): forward outputs, routing, and every gradient, over activations, GLU layouts, router kinds, biases, dropped
+// The MoE layer and the experts-only layer on the CUDA backend against the reference backend (docs/math.md sections 3,
+// 4, 9): forward outputs, routing, and every gradient, over activations, GLU layouts, router kinds, biases, dropped
 // pairs, empty experts, one expert taking every token, T = 1, fp16; bitwise determinism over reruns.
 //
 // The router weights hold one power of two per row, so the logits x Wr^T are exact in both backends (the fp32
@@ -406,7 +406,7 @@ double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 // P = T K = 524288 grouped rows of H = 4096: the grouped tensors (y, dxe) pass 2^31 elements, so every offset past
 // that must be 64-bit. Wr = 0 makes every logit 0: each token takes experts 0..7 (ties go to the lower id) with
 // scores 1/8, and the router adds nothing to dx, so out and dx of a sample of tokens are checked against a
-// per-token computation on the host (SwiGLU, rounding h, a, y and dxe as SPEC 8 does).
+// per-token computation on the host (SwiGLU, rounding h, a, y and dxe as docs/math.md section 8 does).
 TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 elements", "[gpu][layer][moe][large]") {
   Config c;
   c.tokens = 65536;

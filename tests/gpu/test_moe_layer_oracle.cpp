@@ -2,11 +2,11 @@
 // GPU oracle built from independent pieces, and the experts-only op against the layer (issue 5).
 //
 // Oracle: the routing is the layer's own (its scores and indices), so both sides run the same pairs; the grouping is
-// a stable sort by expert on the host (SPEC 2); every product is one cuBLASLt call per expert with fp32 output
-// (gemm_oracle.h), the SwiGLU / dSwiGLU epilogues and the combine are plain kernels rounding where SPEC 8 does
-// (h, a, y, a', dh, dxe, out, dx), dlogits comes from ds on the host by SPEC 1's SOFTMAX_TOPK backward, and dWr and
-// the dlogits Wr part of dx are cuBLASLt products. out, dx, dWr, dW1, dW2 are compared with SPEC 9's metrics on the
-// device (rows = the last dimension; weight gradients per expert).
+// a stable sort by expert on the host (docs/math.md section 2); every product is one cuBLASLt call per expert with fp32
+// output (gemm_oracle.h), the SwiGLU / dSwiGLU epilogues and the combine are plain kernels rounding where docs/math.md
+// section 8 does (h, a, y, a', dh, dxe, out, dx), dlogits comes from ds on the host by section 1's SOFTMAX_TOPK
+// backward, and dWr and the dlogits Wr part of dx are cuBLASLt products. out, dx, dWr, dW1, dW2 are compared with
+// section 9's metrics on the device (rows = the last dimension; weight gradients per expert).
 //
 // Experts-only op against the layer: the op runs on the layer's grouped rows (x gathered in the dispatch's order,
 // offsets from the layer's counts) with dy = the per-pair s * dout. If the two disagreed on which rows belong to
@@ -146,7 +146,8 @@ void run_layer(moekit_handle_t handle, LayerRun& r, uint64_t seed) {
   MOEKIT_REQUIRE_OK(layer.run(moekit_moe_backward, b));
   CUDA_REQUIRE(cudaDeviceSynchronize());
 
-  // Grouping (SPEC 2): a stable sort of the pairs by expert. Every pair is valid (E = router experts, e0 = 0).
+  // Grouping (docs/math.md section 2): a stable sort of the pairs by expert. Every pair is valid
+  // (E = router experts, e0 = 0).
   const int64_t E = s.experts, K = s.top_k, P = r.pairs;
   const std::vector<int64_t> idx = download_vector<int64_t>(r.indices.buffer, P);
   const std::vector<int32_t> counts = download_vector<int32_t>(r.counts.buffer, E);
@@ -207,7 +208,8 @@ void per_expert_sums(cublasLtHandle_t lt, const std::vector<int32_t>& offsets, i
   }
 }
 
-// The oracle's results for one layer run (fp32 products where the layer rounds them later, bf16 where SPEC 8 rounds).
+// The oracle's results for one layer run (fp32 products where the layer rounds them later, bf16 where
+// docs/math.md section 8 rounds).
 struct Oracle {
   DeviceArray xg, y, dxe, out, dx, dwr, dw1, dw2;
 };
@@ -254,8 +256,8 @@ Oracle run_oracle(cublasLtHandle_t lt, const LayerRun& r) {
   device_combine_pairs(o.dxe.data(), MOEKIT_DTYPE_FP32, grouped_pos, nullptr, T, K, H, kBf16, o.dx.data());
   CUDA_REQUIRE(cudaDeviceSynchronize());
 
-  // Router (SPEC 1, softmax over the top k): dlogits[t, idx_k] = s_k (g_k - sum_j g_j s_j) with g = ds, 0 elsewhere,
-  // in fp32, rounded to bf16 for the two products dWr = dlogits^T x and dx += dlogits Wr.
+  // Router (docs/math.md section 1, softmax over the top k): dlogits[t, idx_k] = s_k (g_k - sum_j g_j s_j) with g = ds,
+  // 0 elsewhere, in fp32, rounded to bf16 for the two products dWr = dlogits^T x and dx += dlogits Wr.
   const std::vector<float> g = download_vector<float>(ds.buffer, P), s = download_vector<float>(r.scores.buffer, P);
   const std::vector<int64_t> idx = download_vector<int64_t>(r.indices.buffer, P);
   HostTensor dlogits(kBf16, {T, E});

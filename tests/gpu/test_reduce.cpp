@@ -1,4 +1,4 @@
-// CUDA token reductions (SPEC section 6) against the reference backend through the C ABI, with SPEC section 9's
+// CUDA token reductions (docs/math.md section 6) against the reference backend through the C ABI, with section 9's
 // metrics: combine and the broadcast backward (fixed top-k over T x K, variable top-k with 0..5 pairs per token),
 // db1 and db2 + ds (empty experts, one expert taking every row, dropped pairs, storage or fp32 sums), beta 0 over
 // NaN-poisoned outputs and beta 1, bf16 and fp16, grouped rows past the valid count poisoned (never read), bitwise
@@ -24,7 +24,7 @@ namespace {
 // How pairs choose experts.
 enum class Spread { random, some_empty, one_takes_all };
 
-// Routing metadata as dispatch lays it out (SPEC section 2), built on the host by a stable sort: grouped rows
+// Routing metadata as dispatch lays it out (docs/math.md section 2), built on the host by a stable sort: grouped rows
 // past the valid count are poisoned, as a caller's P-row buffers are.
 struct Routing {
   int64_t tokens = 0, top_k = 0, experts = 0, pairs = 0, valid = 0;
@@ -318,7 +318,7 @@ std::vector<int64_t> expert_rows_segments(int64_t experts) {
 void check_db1(Handles& handles, Db1Inputs& in) {
   const HostTensor ref = db1_reference(handles.reference, in);
   const HostTensor out = db1_cuda(handles.cuda, in, nullptr);
-  // NOTE: fp32 sums of bf16 rows are held to the bf16 bounds (SPEC section 9).
+  // NOTE: fp32 sums of bf16 rows are held to the bf16 bounds (docs/math.md section 9).
   require_close(out, ref, in.desc.width, static_cast<moekit_dtype_t>(in.desc.dtype),
                 expert_rows_segments(in.desc.experts));
 }

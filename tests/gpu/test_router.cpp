@@ -1,8 +1,8 @@
-// The CUDA router (SPEC section 1) against the reference backend through the C ABI: indices and counts identical
-// (the selection is decided on the same fp32 keys), scores and dlogits within SPEC 9's fp32 bounds (the storage
-// dtype's for a bf16/fp16 dlogits), over issue 3's shape table, every kind x renormalisation x dtype x index type,
-// ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the row-group shape edges; poisoned
-// outputs; bitwise identical reruns and streams.
+// The CUDA router (docs/math.md section 1) against the reference backend through the C ABI: indices and counts
+// identical (the selection is decided on the same fp32 keys), scores and dlogits within docs/math.md section 9's fp32
+// bounds (the storage dtype's for a bf16/fp16 dlogits), over issue 3's shape table, every kind x renormalisation x
+// dtype x index type, ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the row-group shape
+// edges; poisoned outputs; bitwise identical reruns and streams.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -157,8 +157,8 @@ double selection_key(const RouterCase& c, const HostTensor& logits, const HostTe
   return sigmoid(x) + (bias ? bias->get(e) : 0.0);
 }
 
-// Indices identical (SIGMOID: or a near-tie, SPEC 9: competing keys within 1e-3 relative, computed in double);
-// counts identical when every row agrees; scores within fp32 bounds over the rows that agree.
+// Indices identical (SIGMOID: or a near-tie, docs/math.md section 9: competing keys within 1e-3 relative, computed in
+// double); counts identical when every row agrees; scores within fp32 bounds over the rows that agree.
 void check_forward(const RouterCase& c, const HostTensor& logits, const HostTensor* bias, const ForwardOut& ref,
                    const ForwardOut& out) {
   int64_t mismatched_rows = 0, near_tie_rows = 0;

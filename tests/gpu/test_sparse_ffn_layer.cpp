@@ -1,18 +1,18 @@
-// The sparse SwiGLU FFN layer (SPEC section 7) on the CUDA backend against the reference backend: out, the selected
-// groups and their counts, and the gradients of x, Wg, Wu and Wd, over G in {16, 32, 64, 128}, subsample rows on and
-// off, the load-balance bias on and off, T = 1 and T = 37 (a multiple of nothing), beta flags, fp32 weight gradients,
-// the input and weight gradients in two calls, fp16; inference mode; bitwise identity over three runs.
+// The sparse SwiGLU FFN layer (docs/math.md section 7) on the CUDA backend against the reference backend: out, the
+// selected groups and their counts, and the gradients of x, Wg, Wu and Wd, over G in {16, 32, 64, 128}, subsample rows
+// on and off, the load-balance bias on and off, T = 1 and T = 37 (a multiple of nothing), beta flags, fp32 weight
+// gradients, the input and weight gradients in two calls, fp16; inference mode; bitwise identity over three runs.
 //
-// Group selection may differ between backends at near-ties (SPEC 9). This test builds inputs whose energies are well
-// separated and then requires the same groups: x holds multiples of 1/8 and Wg small integers times one power of
-// two, so every gate pre-activation x . Wg_n is an exact fp32 sum in any order and both backends round the same value
-// to the storage dtype. The energies then differ only by the fp32 (CUDA) or float64 (reference) evaluation of
-// |silu|, exp(bias) and the sums, about 1e-6 relative; a token whose kg + 1 largest energies (the reference's
+// Group selection may differ between backends at near-ties (docs/math.md section 9). This test builds inputs whose
+// energies are well separated and then requires the same groups: x holds multiples of 1/8 and Wg small integers times
+// one power of two, so every gate pre-activation x . Wg_n is an exact fp32 sum in any order and both backends round the
+// same value to the storage dtype. The energies then differ only by the fp32 (CUDA) or float64 (reference) evaluation
+// of |silu|, exp(bias) and the sums, about 1e-6 relative; a token whose kg + 1 largest energies (the reference's
 // formula in float64) come within 1e-4 relative of each other is redrawn.
 //
-// Metrics (SPEC 9): out and dx per token row; dWg and dWu [F, D] with each group's G rows as a segment; dWd [D, F]
-// compared in the expert layout [NG, D, G] (each group's D rows of G as a segment). A group no token selected must
-// keep exactly the reference's gradient (0, or the old value with beta = 1).
+// Metrics (docs/math.md section 9): out and dx per token row; dWg and dWu [F, D] with each group's G rows as a segment;
+// dWd [D, F] compared in the expert layout [NG, D, G] (each group's D rows of G as a segment). A group no token
+// selected must keep exactly the reference's gradient (0, or the old value with beta = 1).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -64,7 +64,8 @@ HostTensor uniform(moekit_dtype_t dtype, std::vector<int64_t> shape, double scal
   return t;
 }
 
-// en[t, g] in float64 by SPEC 7's formula, from the exact gate pre-activations rounded to the storage dtype.
+// en[t, g] in float64 by docs/math.md section 7's formula, from the exact gate pre-activations rounded to
+// the storage dtype.
 std::vector<double> energies(const Config& c, const std::vector<double>& x_row, const std::vector<double>& w_gate,
                              const std::vector<int64_t>& rows, const std::vector<double>& bias) {
   const int64_t D = c.d_model, G = c.group_size, spg = c.subsample > 0 ? c.subsample : G;
@@ -271,7 +272,7 @@ void check_ffn(const Config& c, uint64_t seed) {
   REQUIRE(moekit_test::as_integers(gpu.counts) == moekit_test::as_integers(ref.counts));
   require_close("out", gpu.out, ref.out, c.dtype);
   require_close("dx", gpu.dx, ref.dx, c.dtype);
-  // fp32 weight gradients of a bf16/fp16 layer use the layer dtype's bounds (SPEC 9).
+  // fp32 weight gradients of a bf16/fp16 layer use the layer dtype's bounds (docs/math.md section 9).
   const std::vector<int64_t> group_rows = blocks_of(c.groups, c.group_size);
   require_close("dWg", gpu.dwg, ref.dwg, c.dtype, group_rows);
   require_close("dWu", gpu.dwu, ref.dwu, c.dtype, group_rows);

@@ -1,6 +1,6 @@
 // What the GPU layer tests share as they run one layer on both backends: the call's tensors placed for a backend
-// (host tensors as they are for the reference, device copies for CUDA, fetched back after the calls), and SPEC
-// section 9's comparison of a CUDA result with the reference's.
+// (host tensors as they are for the reference, device copies for CUDA, fetched back after the calls), and
+// docs/math.md section 9's comparison of a CUDA result with the reference's.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -52,7 +52,8 @@ inline std::vector<int64_t> blocks_of(int64_t blocks, int64_t rows) {
   return s;
 }
 
-// REQUIRE that `cuda` is within SPEC 9's bounds of `ref` (rows of `width` values; `segments` as in compare()).
+// REQUIRE that `cuda` is within docs/math.md section 9's bounds of `ref` (rows of `width` values;
+// `segments` as in compare()).
 inline void require_close(const char* name, const std::vector<double>& cuda, const std::vector<double>& ref,
                           int64_t width, moekit_dtype_t dtype, const std::vector<int64_t>& segments = {}) {
   const ErrorMetrics m = compare(cuda, ref, width, segments);
@@ -60,8 +61,8 @@ inline void require_close(const char* name, const std::vector<double>& cuda, con
   REQUIRE(within(m, bounds_for(dtype)));
 }
 
-// The same for whole tensors, whose rows are the last dimension (SPEC 9): an [E, M, N] weight gradient is E*M rows of
-// N, and blocks_of(E, M) gives its per-expert segments.
+// The same for whole tensors, whose rows are the last dimension (docs/math.md section 9): an [E, M, N] weight gradient
+// is E*M rows of N, and blocks_of(E, M) gives its per-expert segments.
 inline void require_close(const char* name, const HostTensor& cuda, const HostTensor& ref, moekit_dtype_t dtype,
                           const std::vector<int64_t>& segments = {}) {
   const int64_t width = ref.shape().empty() ? 1 : ref.shape().back();

@@ -1,7 +1,7 @@
-// group_select: the sparse FFN's grouped neuron selection (SPEC section 7) on random x [T, D] and W_gate [F, D]:
-// the gate GEMM over the subsampled rows, the group energies and the top-kg groups with their counts. GEMM-shaped:
-// model FLOPs 2*T*D*R with R = F/G * spg gate rows (all F without a subsample); the baseline is the dense cuBLASLt
-// GEMM [T, R, D].
+// group_select: the sparse FFN's grouped neuron selection (docs/math.md section 7) on random x [T, D] and W_gate
+// [F, D]: the gate GEMM over the subsampled rows, the group energies and the top-kg groups with their counts.
+// GEMM-shaped: model FLOPs 2*T*D*R with R = F/G * spg gate rows (all F without a subsample); the baseline is the dense
+// cuBLASLt GEMM [T, R, D].
 #include <cmath>
 #include <optional>
 

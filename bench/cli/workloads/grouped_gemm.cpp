@@ -1,5 +1,5 @@
-// gemm: one grouped GEMM (SPEC section 5) over the P = T*K grouped rows of real routing (routing.h), in the mode,
-// gather, B layout and epilogue the case names. Model FLOPs 2*P*N*K where N is the product's width (n/2 for a
+// gemm: one grouped GEMM (docs/math.md section 5) over the P = T*K grouped rows of real routing (routing.h), in the
+// mode, gather, B layout and epilogue the case names. Model FLOPs 2*P*N*K where N is the product's width (n/2 for a
 // DGATED epilogue of a gated activation, whose product dA is as wide as a); the baseline is one dense cuBLASLt GEMM
 // of the same FLOPs. With a nonzero `beta` (STORE/BIAS, varlen K) C starts as random data and the call accumulates
 // into it, so C counts as read and written.

@@ -1,4 +1,4 @@
-// moe_forward / moe_backward / moe_forward_backward: the whole MoE layer (SPEC sections 3 and 4) on random bf16
+// moe_forward / moe_backward / moe_forward_backward: the whole MoE layer (docs/math.md sections 3 and 4) on random bf16
 // x and weights, routed by the layer's own router on the logits x Wr^T. A forward is timed from the router GEMM
 // through the combine; a backward as t(forward + backward) - t(forward). Model FLOPs are the expert GEMMs' only
 // (as SonicMoE counts them): forward 6*T*K*H*I for a gated activation (4*T*K*H*I otherwise), backward twice that.

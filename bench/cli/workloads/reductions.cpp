@@ -1,4 +1,4 @@
-// The token reductions of SPEC section 6 over real routing (routing.h): combine (out = sum of score-weighted
+// The token reductions of docs/math.md section 6 over real routing (routing.h): combine (out = sum of score-weighted
 // grouped rows), broadcast_backward (the same without scores), db1 (per-expert row sums of dh) and db2_ds (per-expert
 // sums of score-weighted dout rows, and ds += dout . b2). Memory-bound.
 #include <cmath>

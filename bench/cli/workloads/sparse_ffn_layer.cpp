@@ -1,7 +1,7 @@
-// sparse_ffn_forward / _backward / _forward_backward: the group-sparse SwiGLU FFN layer (SPEC section 7) on random
-// x and weights: group selection, then the selected groups' SwiGLU. Backward as t(forward + backward) - t(forward).
-// Model FLOPs count the selected neurons only: forward 6*T*D*kg*G, backward twice that (the selection's gate GEMM
-// not counted). The baseline is the dense SwiGLU FFN of the full width F timed in the same run (its GEMMs).
+// sparse_ffn_forward / _backward / _forward_backward: the group-sparse SwiGLU FFN layer (docs/math.md section 7) on
+// random x and weights: group selection, then the selected groups' SwiGLU. Backward as t(forward + backward) -
+// t(forward). Model FLOPs count the selected neurons only: forward 6*T*D*kg*G, backward twice that (the selection's
+// gate GEMM not counted). The baseline is the dense SwiGLU FFN of the full width F timed in the same run (its GEMMs).
 #include <cmath>
 #include <optional>
 

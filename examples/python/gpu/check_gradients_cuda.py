@@ -8,8 +8,8 @@ answers MOEKIT_STATUS_NOT_SUPPORTED for the MoE and sparse-FFN layers, which thi
 1. Forward and every gradient (x, router, experts) of both layers, bf16 CUDA tensors, against the fp64 plain-PyTorch
    layers on the same inputs (logits / gate pre-activations rounded to bf16 for the selection, as moekit does):
    whole-tensor relative error <= 2e-2.
-2. The same inputs through moekit's reference backend (CPU tensors): CUDA vs reference within SPEC section 9's bf16
-   bound, 1e-2 (whole tensor).
+2. The same inputs through moekit's reference backend (CPU tensors): CUDA vs reference within docs/math.md
+   section 9's bf16 bound, 1e-2 (whole tensor).
 3. Streams: the layer run on a side stream (PyTorch's current stream is what moekit enqueues on) gives the bits of
    the default stream.
 4. torch.compile(fullgraph=True) of both layers (custom ops, torch 2.4+): same output and gradients as eager.

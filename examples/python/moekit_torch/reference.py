@@ -1,6 +1,6 @@
-"""The two layers in plain PyTorch, as SPEC sections 1, 3 and 7 define them: what the tests compare moekit with, and
-the baseline of the GPU training comparison. Gradients come from autograd. They compute in the input dtype; call
-them on fp64 (or fp32) tensors for a reference."""
+"""The two layers in plain PyTorch, as docs/math.md sections 1, 3 and 7 define them: what the tests compare moekit
+with, and the baseline of the GPU training comparison. Gradients come from autograd. They compute in the input
+dtype; call them on fp64 (or fp32) tensors for a reference."""
 import torch
 import torch.nn.functional as F
 
@@ -11,7 +11,7 @@ def _rounded(values, storage_dtype):
 
 
 def _top(values, k):
-    """The k largest of each row, value-descending, ties to the lower index (SPEC section 1's order)."""
+    """The k largest of each row, value-descending, ties to the lower index (docs/math.md section 1's order)."""
     values, indices = torch.sort(values, dim=-1, descending=True, stable=True)
     return values[:, :k], indices[:, :k]
 

@@ -163,7 +163,7 @@ pub struct moekit_handle_desc_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 1 — Router (SPEC section 1)
+// Level 1 — Router (docs/math.md section 1)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -202,7 +202,7 @@ pub struct moekit_router_bwd_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 1 — Dispatch metadata: the deterministic CSR (SPEC section 2)
+// Level 1 — Dispatch metadata: the deterministic CSR (docs/math.md section 2)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -229,7 +229,7 @@ pub struct moekit_dispatch_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 1 — Grouped GEMM (SPEC section 5)
+// Level 1 — Grouped GEMM (docs/math.md section 5)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -272,7 +272,7 @@ pub struct moekit_gemm_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 1 — Combine, broadcast backward, db1, db2 + ds (SPEC section 6)
+// Level 1 — Combine, broadcast backward, db1, db2 + ds (docs/math.md section 6)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -336,7 +336,7 @@ pub struct moekit_db2_ds_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 1 — Sparse-FFN group selection, load balance, subsample rows (SPEC section 7)
+// Level 1 — Sparse-FFN group selection, load balance, subsample rows (docs/math.md section 7)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -381,7 +381,7 @@ pub struct moekit_load_balance_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 2 — The MoE layer (SPEC sections 3 and 4)
+// Level 2 — The MoE layer (docs/math.md sections 3 and 4)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]
@@ -493,7 +493,7 @@ pub struct moekit_experts_bwd_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
-// Level 2 — The sparse SwiGLU FFN layer (SPEC section 7)
+// Level 2 — The sparse SwiGLU FFN layer (docs/math.md section 7)
 // ----------------------------------------------------------------------------------------------------
 
 #[repr(C)]

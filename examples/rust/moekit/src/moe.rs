@@ -1,4 +1,4 @@
-//! The MoE layer (SPEC sections 3 and 4): a plan, its workspace, forward and backward.
+//! The MoE layer (docs/math.md sections 3 and 4): a plan, its workspace, forward and backward.
 use std::marker::PhantomData;
 
 use moekit_sys as sys;
@@ -44,7 +44,7 @@ pub enum Activation {
     Relu2,
 }
 
-/// How the router turns logits into scores (`moekit_router_kind_t`, SPEC section 1).
+/// How the router turns logits into scores (`moekit_router_kind_t`, docs/math.md section 1).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum RouterKind {
     /// Softmax over the K selected logits.
