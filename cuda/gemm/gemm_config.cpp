@@ -86,8 +86,8 @@ GemmKernel varlen_k_kernel(const moekit_gemm_desc_t& d, GemmTile tile, bool tran
   return k;
 }
 
-void add_variant(GemmConfig& config, uint32_t requires, const GemmKernel& kernel) {
-  config.variants[config.count++] = GemmVariant{requires, kernel};
+void add_variant(GemmConfig& config, uint32_t needs, const GemmKernel& kernel) {
+  config.variants[config.count++] = GemmVariant{needs, kernel};
 }
 
 const char* move_name(OperandMove move) {
@@ -196,7 +196,7 @@ GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device
 
 const GemmKernel& GemmConfig::for_call(uint32_t facts) const {
   for (int i = 0; i + 1 < count; ++i)
-    if ((variants[i].requires & facts) == variants[i].requires) return variants[i].kernel;
+    if ((variants[i].needs & facts) == variants[i].needs) return variants[i].kernel;
   return variants[count - 1].kernel;
 }
 
@@ -271,7 +271,7 @@ std::string describe_gemm_config(const moekit_gemm_desc_t& d, const GemmConfig& 
   for (int i = 0; i < config.count; ++i) {
     const GemmVariant& v = config.variants[i];
     if (config.count > 1)
-      text += i + 1 < config.count ? "if " + facts_text(v.requires) + ": " : std::string("otherwise: ");
+      text += i + 1 < config.count ? "if " + facts_text(v.needs) + ": " : std::string("otherwise: ");
     text += kernel_text(d, v.kernel);
     if (i + 1 < config.count) text += "; ";
   }

@@ -2,7 +2,7 @@
 // family, tile, cluster, transposition, how A, B and C move — decided once when a plan is created, by a pure host
 // function the CPU tests check, and only read by the launch. A few choices depend on facts of a call that a plan
 // cannot know (beta, alpha, a bias, row strides); the configuration then holds one kernel per case, each with the
-// facts it requires, so the launch picks a variant the plan already chose and never decides anything itself.
+// facts it needs, so the launch picks a variant the plan already chose and never decides anything itself.
 #pragma once
 
 #include <cstddef>
@@ -70,9 +70,9 @@ struct GemmKernel {
   int32_t ctas;          // wgmma: the persistent grid's bound, the device's SM count
 };
 
-// A kernel and the call facts it requires.
+// A kernel and the call facts it needs.
 struct GemmVariant {
-  uint32_t requires;  // GemmCallFact bits
+  uint32_t needs;  // GemmCallFact bits
   GemmKernel kernel;
 };
 
@@ -88,7 +88,7 @@ struct GemmWorkspaceLayout {
   size_t bytes;
 };
 // A plan's configuration: variants in order of preference; a call runs the first whose requirements it meets. The
-// last requires nothing, so every call runs one of them.
+// last needs nothing, so every call runs one of them.
 struct GemmConfig {
   static constexpr int kMaxVariants = 3;
   GemmVariant variants[kMaxVariants];

@@ -37,7 +37,7 @@ struct ExpertsBuffers {
   size_t workspace_end, saved_end;
 };
 
-ExpertsBuffers experts_buffers(const moekit_plan& layer, const ExpertMlpPlans& p, void* workspace, void* saved,
+ExpertsBuffers experts_buffers(const moekit_plan& layer, void* workspace, void* saved,
                                bool backward) {
   const moekit_moe_desc_t& d = layer.moe;
   const int64_t P = d.max_tokens, hw = h_width(d);
@@ -69,9 +69,8 @@ void CudaBackend::experts_layer_sizes(moekit_plan& plan) const {
   if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
     throw_not_supported("dtype: the CUDA experts layer takes bf16 or fp16 storage");
   plan.sub_plans = std::make_shared<const LayerPlans<ExpertMlpPlans>>(*this, experts_plans(plan), !d.inference);
-  const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
   set_layer_sizes(plan, d.inference,
-                  [&](bool backward) { return experts_buffers(plan, p, nullptr, nullptr, backward); });
+                  [&](bool backward) { return experts_buffers(plan, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,
@@ -79,7 +78,7 @@ void CudaBackend::experts_forward(const moekit_plan& plan, const moekit_experts_
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
   const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
-  const ExpertsBuffers b = experts_buffers(plan, p, ws.data, saved, false);
+  const ExpertsBuffers b = experts_buffers(plan, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t P = args.x.shape[0];
   const int dev = device_index_;
@@ -104,7 +103,7 @@ void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts
   const cudaStream_t stream = as_stream(stream_ptr);
   const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
   // NOTE: the backward only reads the saved h; the const_cast lets one carving serve both directions.
-  const ExpertsBuffers b = experts_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
+  const ExpertsBuffers b = experts_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t P = args.x.shape[0], hw = p.up.gemm.n;
   const int dev = device_index_;

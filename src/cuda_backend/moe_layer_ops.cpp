@@ -90,7 +90,7 @@ struct MoeBuffers {
   size_t workspace_end, saved_end;
 };
 
-MoeBuffers moe_buffers(const moekit_plan& layer, const MoePlans& p, void* workspace, void* saved, bool backward) {
+MoeBuffers moe_buffers(const moekit_plan& layer, void* workspace, void* saved, bool backward) {
   const moekit_moe_desc_t& d = layer.moe;
   const int64_t T = d.max_tokens, P = T * d.top_k, E = d.experts;
   const int64_t hw = h_width(d);
@@ -133,9 +133,8 @@ void CudaBackend::moe_layer_sizes(moekit_plan& plan) const {
   if (d.dtype != MOEKIT_DTYPE_BF16 && d.dtype != MOEKIT_DTYPE_FP16)
     throw_not_supported("dtype: the CUDA MoE layer takes bf16 or fp16 storage");
   plan.sub_plans = std::make_shared<const LayerPlans<MoePlans>>(*this, moe_plans(plan), !d.inference);
-  const MoePlans& p = layer_parts<MoePlans>(plan);
   set_layer_sizes(plan, d.inference,
-                  [&](bool backward) { return moe_buffers(plan, p, nullptr, nullptr, backward); });
+                  [&](bool backward) { return moe_buffers(plan, nullptr, nullptr, backward); });
 }
 
 void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& args, void* saved, Workspace ws,
@@ -143,7 +142,7 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   const moekit_moe_desc_t& d = plan.moe;
   const cudaStream_t stream = as_stream(stream_ptr);
   const MoePlans& p = layer_parts<MoePlans>(plan);
-  const MoeBuffers b = moe_buffers(plan, p, ws.data, saved, false);
+  const MoeBuffers b = moe_buffers(plan, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
   const int32_t dt = d.dtype;
@@ -202,7 +201,7 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   const cudaStream_t stream = as_stream(stream_ptr);
   const MoePlans& p = layer_parts<MoePlans>(plan);
   // NOTE: the backward only reads the saved sections; the const_cast lets one carving serve both directions.
-  const MoeBuffers b = moe_buffers(plan, p, ws.data, const_cast<void*>(saved), true);
+  const MoeBuffers b = moe_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
   const int64_t hw = p.mlp.up.gemm.n;
