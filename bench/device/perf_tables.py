@@ -20,8 +20,8 @@ import json
 import os
 import sys
 
-# Config files in the order of issue 6 (issue 7's GEMM rows after gemm.json); others follow in name order.
-CONFIG_ORDER = ("sonicmoe_fig14", "gemm", "gemm_issue7", "sparse_ffn", "smoke")
+# Config files in this order (the grouped GEMM at several rows per expert after gemm.json); others in name order.
+CONFIG_ORDER = ("sonicmoe_fig14", "gemm", "gemm_rows_per_expert", "sparse_ffn", "smoke")
 MOEKIT = "moekit"
 TOOLS = {"cuda": MOEKIT, "reference": MOEKIT, "pytorch-eager": "eager", "pytorch-compile": "compile",
          "sonicmoe": "SonicMoE"}

@@ -89,7 +89,7 @@ class PerfTables(unittest.TestCase):
 
     def test_microseconds_and_rate_units_for_small_cases(self):
         text = run(fixture("moekit_fig14.json"), fixture("moekit_smoke_reference.json"))
-        self.assertLess(text.index("sonicmoe_fig14.json`"), text.index("smoke.json`"))  # issue 6's order
+        self.assertLess(text.index("sonicmoe_fig14.json`"), text.index("smoke.json`"))  # CONFIG_ORDER
         smoke = text[text.index("smoke.json`"):]
         self.assertIn("| case | moekit us | moekit rate | spread % | cuBLAS us | moekit vs cuBLAS |", smoke)
         self.assertIn("| dispatch | 10.96 | 0.377 GB/s | 0.27 | - | - |", smoke)
@@ -115,14 +115,14 @@ class SonicMoEColumns(unittest.TestCase):
                       "(passed).", text)
 
 
-class GemmIssue7Table(unittest.TestCase):
-    """gemm_issue7.json: after gemm.json's place, the routing counts of skewed configs, torch._grouped_mm alone."""
+class GroupedGemmTable(unittest.TestCase):
+    """gemm_rows_per_expert.json: after gemm.json's place, the routing counts of skewed configs, torch._grouped_mm alone."""
 
     @classmethod
     def setUpClass(cls):
-        cls.text = run(fixture("moekit_smoke_reference.json"), fixture("torch_eager_gemm_issue7.json"),
-                       fixture("moekit_gemm_issue7.json"), fixture("moekit_fig14.json"))
-        lines = cls.text[cls.text.index("gemm_issue7.json`"):].splitlines()
+        cls.text = run(fixture("moekit_smoke_reference.json"), fixture("torch_eager_gemm_rows_per_expert.json"),
+                       fixture("moekit_gemm_rows_per_expert.json"), fixture("moekit_fig14.json"))
+        lines = cls.text[cls.text.index("gemm_rows_per_expert.json`"):].splitlines()
         cls.columns = [c.strip() for c in next(l for l in lines if l.startswith("| case")).strip("| ").split(" | ")]
         cls.rows = {l.split(" | ")[0][2:]: [c.strip() for c in l.strip("| ").split(" | ")]
                     for l in lines if l.startswith("| gemm_")}
@@ -131,8 +131,8 @@ class GemmIssue7Table(unittest.TestCase):
         return self.rows[case][self.columns.index(column)]
 
     def test_order_and_columns(self):
-        self.assertLess(self.text.index("sonicmoe_fig14.json`"), self.text.index("gemm_issue7.json`"))
-        self.assertLess(self.text.index("gemm_issue7.json`"), self.text.index("smoke.json`"))
+        self.assertLess(self.text.index("sonicmoe_fig14.json`"), self.text.index("gemm_rows_per_expert.json`"))
+        self.assertLess(self.text.index("gemm_rows_per_expert.json`"), self.text.index("smoke.json`"))
         self.assertEqual(self.columns, ["case", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
                                         "moekit vs cuBLAS", "rows/expert min / max", "eager ms", "eager TFLOP/s",
                                         "moekit vs eager", "grouped_mm ms", "grouped_mm TFLOP/s",
@@ -140,7 +140,7 @@ class GemmIssue7Table(unittest.TestCase):
         self.assertIn("grouped_mm: the torch._grouped_mm call of the case alone", self.text)
 
     def test_cells(self):
-        up, skewed = "gemm_issue7_up_E128_r1024", "gemm_issue7_dw1_E128_r1024_skewed"
+        up, skewed = "gemm_up_E128_r1024", "gemm_dw1_E128_r1024_skewed"
         self.assertEqual(self.cell(up, "moekit ms"), "4.40")
         self.assertEqual(self.cell(up, "moekit vs cuBLAS"), "0.68")
         self.assertEqual(self.cell(up, "rows/expert min / max"), "949 / 1110, 0 empty")
@@ -153,7 +153,7 @@ class GemmIssue7Table(unittest.TestCase):
         self.assertEqual(self.cell(skewed, "moekit vs grouped_mm"), "-")
 
     def test_no_extra_columns_elsewhere(self):
-        fig14 = self.text[self.text.index("sonicmoe_fig14.json`"):self.text.index("gemm_issue7.json`")]
+        fig14 = self.text[self.text.index("sonicmoe_fig14.json`"):self.text.index("gemm_rows_per_expert.json`")]
         self.assertNotIn("grouped_mm", fig14)
         self.assertNotIn("rows/expert", fig14)
 
