@@ -48,7 +48,7 @@ moekit_gemm_desc_t desc(int32_t mode, int32_t epilogue, int32_t activation, int6
 
 TEST_CASE("gemm tiling: the heuristic's choices", "[gemm]") {
   constexpr int sms = 132;
-  // The timing shapes: wide products with thousands of tiles take 128x256.
+  // The layer-sized timing shapes (E = 128, P = 131072): wide products with thousands of tiles take 128x256.
   CHECK(choose_gemm_tile(varlen_m(128, 131072, 2048, 4096), sms) == GemmTile::m128_n256);
   CHECK(choose_gemm_tile(varlen_k(128, 131072, 2048, 4096), sms) == GemmTile::m128_n256);
   // At most 128 wide: 128x128.
