@@ -4,7 +4,7 @@
 Scans docs/, README.md and every text file under include/ capi/ src/ cuda/ bench/ tests/ examples/ (their
 comments, docstrings and strings alike) for chronicle phrases: work periods ("the fifth session", "this session",
 "work period"), numbered runs of a GPU runner ("call 12", "calls 9, 11", "device call"), the runner's own terms
-("device tool", "transfer cap", "s29/call3") and issue numbers ("issue 7", "issue #7", "gemm_issue7"). Prints
+("device tool", "transfer cap", "s29/call3") and issue numbers ("issue 7", "issue #7", "gemm_issue12"). Prints
 PATH:LINE: TEXT for every hit and exits 1 if there is one, 0 if none. Case-insensitive.
 
 Excluded, so that the patterns and the planted phrases that test them do not count: the paths in EXCLUDED below
@@ -38,7 +38,7 @@ PATTERNS = [
     (r"\bdevice tool\b", "the GPU runner's name"),
     (r"\btransfer cap\b", "the GPU runner's limit"),
     (r"\bs[0-9]+/call", "a run's output folder"),
-    # An issue number: "issue 7", "(issue 5)", "Issue 3's", "issues 3 and 4", "issue #7", "issue7", "gemm_issue7".
+    # An issue number: "issue 7", "(issue 5)", "Issue 3's", "issues 3 and 4", "issue #7", "issue12", "gemm_issue12".
     # Spelt with a space, the number must end a phrase (punctuation, "'s" or a function word after it), so that the
     # verb does not count ("each thread issues 8 row loads", "the warps issue 4 TMA boxes").
     (r"(?<![a-z])issue[_-]?#?[0-9]+|(?<![a-z])issues? #?[0-9]+(?![0-9])(?=\s*(?:$|[^\w\s]|'s\b|(?:of|and|or|in|"
