@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): one bench config under two or more moekit-bench builds, the
-# builds taking turns ROUNDS times (default 3) so that clock and thermal drift over the minutes of a call spreads
+# Runs on the GPU machine, from the repository root: one bench config under two or more moekit-bench builds, the
+# builds taking turns ROUNDS times (default 3) so that clock and thermal drift over the minutes of the run spreads
 # over all of them; each case's rate is the median of its rounds — how a kernel change is judged against the
-# build before it (a single run of each differs by up to ~5-10% on the H200 from call to call).
+# build before it (a single run of each differs by up to ~5-10% on the H200 from one run to the next).
 #   bench/device/compare_builds.sh CONFIG REGEX BENCH [BENCH ...]
 # CONFIG: a bench config; REGEX: moekit-bench's --filter ('' for every case); BENCH: moekit-bench executables, the
-# first the baseline. Env MOEKIT_GEMM_PATH etc. pass through. stdout and $OUT/builds.md: a Markdown table of each
+# first the baseline. Env MOEKIT_GEMM_PATH etc. pass through. Output folder: $OUT (default /tmp/moekit-builds-out).
+# stdout and builds.md there: a Markdown table of each
 # case's median TFLOP/s (or GB/s) per build, the ratio of the medians to the first build's, the lowest and highest
 # ratio of one round (build i's run against the first build's run of the same round, which ran next to it: a ratio
-# whose range spans 1 is within the noise) and the first build's cuBLAS baseline; $OUT/builds.tgz: every run's JSON
-# and log.
+# whose range spans 1 is within the noise) and the first build's cuBLAS baseline; builds.tgz there: every run's
+# JSON and log.
 set -uo pipefail
 config=${1:?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
 filter=${2?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}

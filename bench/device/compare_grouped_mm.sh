@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): moekit-bench and torch._grouped_mm alone (torch_bench.py
+# Runs on the GPU machine, from the repository root: moekit-bench and torch._grouped_mm alone (torch_bench.py
 # --grouped-mm-alone: rows gathered beforehand, no epilogue) on a grouped-GEMM config's cases, the two taking turns
-# ROUNDS times (default 5), so that the chip's clock and power state over the minutes of a call (it steps by ~5%
-# under the power cap) spreads over both — how issue 7's "≥ 1.0× torch._grouped_mm" rows are judged beyond one run
-# of each.
+# ROUNDS times (default 5), so that the chip's clock and power state over the minutes of the run (it steps by ~5%
+# under the power cap) spreads over both — how a ratio to torch._grouped_mm near 1 is judged beyond one run of
+# each.
 #   bench/device/compare_grouped_mm.sh BENCH CONFIG REGEX
 # BENCH: a moekit-bench executable; CONFIG: a bench config of gemm cases; REGEX: both tools' --filter. TORCH_BENCH
-# (default "python3 bench/compare/torch_bench.py") runs the PyTorch side. stdout and $OUT/grouped_mm.md: per case
+# (default "python3 bench/compare/torch_bench.py") runs the PyTorch side. Output folder: $OUT (default
+# /tmp/moekit-grouped-mm-out). stdout and grouped_mm.md there: per case
 # the median TFLOP/s of each tool over the rounds, the ratio of the medians (moekit's rate / grouped_mm's: > 1,
-# moekit faster) and the lowest and highest ratio of one round (both tools' runs of the same round); $OUT/
-# grouped_mm.tgz: every run's JSON and log.
+# moekit faster) and the lowest and highest ratio of one round (both tools' runs of the same round);
+# grouped_mm.tgz there: every run's JSON and log.
 set -uo pipefail
 bench=$(realpath "${1:?usage: compare_grouped_mm.sh BENCH CONFIG REGEX}")
 config=${2:?usage: compare_grouped_mm.sh BENCH CONFIG REGEX}

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): one bench config under several grouped GEMM kernel paths, side
+# Runs on the GPU machine, from the repository root: one bench config under several grouped GEMM kernel paths, side
 # by side — how a kernel variant is judged before it becomes a default.
 #   bench/device/compare_paths.sh BENCH CONFIG [REGEX]
 # BENCH: a moekit-bench executable; CONFIG: a bench config (e.g. bench/configs/gemm.json); REGEX: moekit-bench's
 # --filter (default: every case). PATHS: the MOEKIT_GEMM_PATH values, one run each, in this order (default
-# "mma wgmma"). stdout and $OUT/paths.md: a Markdown table of each case's TFLOP/s (or GB/s) per path, its ratio to
+# "mma wgmma"). Output folder: $OUT (default /tmp/moekit-paths-out). stdout and paths.md there: a Markdown table of each case's TFLOP/s (or GB/s) per path, its ratio to
 # the first path, the cuBLAS baseline of the first run, and the kernel each path chose (`kernel_config`);
-# $OUT/paths.tgz: every run's JSON and log.
+# paths.tgz there: every run's JSON and log.
 set -uo pipefail
 bench=$(realpath "${1:?usage: compare_paths.sh BENCH CONFIG [REGEX]}")
 config=${2:?usage: compare_paths.sh BENCH CONFIG [REGEX]}

@@ -51,28 +51,35 @@ def cells(ours, theirs):
     return [us(ours), us(theirs), ratio]
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__.split("\n\n")[-1])
-    runs = load(sys.argv[1:])
-    moekit, sonicmoe = runs.get("cuda", {}), runs.get("sonicmoe", {})
+HEADER = ("| shape (T, H, I, E, K) | fwd events: moekit us | SonicMoE us | SonicMoE / moekit "
+          "| bwd events: moekit us | SonicMoE us | SonicMoE / moekit "
+          "| fwd GPU time: moekit us | SonicMoE us | SonicMoE / moekit "
+          "| fwd + bwd GPU time: moekit us | SonicMoE us | SonicMoE / moekit |")
+
+
+def table_lines(moekit, sonicmoe):
+    """The table as Markdown lines, from {case name: case} of each side (perf_tables.py uses it too)."""
     shapes = []
     for name in list(moekit) + list(sonicmoe):
         match = re.match(r"moe_(?:fwd|bwd)_(T\d+_H\d+_I\d+_E\d+_K\d+)$", name)
         if match and match.group(1) not in shapes:
             shapes.append(match.group(1))
-    print("| shape (T, H, I, E, K) | fwd events: moekit us | SonicMoE us | SonicMoE / moekit "
-          "| bwd events: moekit us | SonicMoE us | SonicMoE / moekit "
-          "| fwd GPU time: moekit us | SonicMoE us | SonicMoE / moekit "
-          "| fwd + bwd GPU time: moekit us | SonicMoE us | SonicMoE / moekit |")
-    print("|---" * 13 + "|")
+    lines = [HEADER, "|---" * 13 + "|"]
     for shape in shapes:
         fwd, bwd = f"moe_fwd_{shape}", f"moe_bwd_{shape}"
         row = ["(" + ", ".join(re.findall(r"\d+", shape)) + ")"]
         for name, timing in ((fwd, event_us), (bwd, event_us), (fwd, gpu_us), (bwd, gpu_us)):
             ours, theirs = moekit.get(name), sonicmoe.get(name)
             row += cells(timing(ours) if ours else None, timing(theirs) if theirs else None)
-        print("| " + " | ".join(row) + " |")
+        lines.append("| " + " | ".join(row) + " |")
+    return lines
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__.split("\n\n")[-1])
+    runs = load(sys.argv[1:])
+    print("\n".join(table_lines(runs.get("cuda", {}), runs.get("sonicmoe", {}))))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# There (the GPU machine): runs a command while nvidia-smi samples the GPU every INTERVAL_MS (default 100) — SM
+# Runs on the GPU machine: runs a command while nvidia-smi samples the GPU every INTERVAL_MS (default 100) — SM
 # clock, power draw against its limit, temperature and the active clock-throttle reasons — so a benchmark's rate can
 # be read against what the chip ran at: a GEMM slowed by the power limit shows SM clocks below the maximum with
 # the power-cap reason set, one slowed by its own code shows neither.
 #   bench/device/power_trace.sh COMMAND [ARG...]
-# $OUT/power.csv: every sample; stdout and $OUT/power.md: per throttle-reason mask, the sample count and the median
+# Output folder: $OUT (default /tmp/moekit-power-out). power.csv there: every sample; stdout and power.md there:
+# per throttle-reason mask, the sample count and the median
 # SM clock and power; the command's own output passes through. Exit status: the command's.
 set -uo pipefail
 [[ $# -ge 1 ]] || { echo "usage: power_trace.sh COMMAND [ARG...]" >&2; exit 2; }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): Nsight Compute on the grouped GEMM kernels of gemm.json cases.
+# Runs on the GPU machine, from the repository root: Nsight Compute on the grouped GEMM kernels of gemm.json cases.
 #   bench/device/profile_gemm.sh BENCH CASE [CASE ...]
 # BENCH: a moekit-bench executable; CASE: a case name of CONFIG (default bench/configs/gemm.json). Each case runs once per entry of
 # PATHS (MOEKIT_GEMM_PATH values, default "mma wgmma"), and ncu profiles the first launch of the case's tile kernel
@@ -7,7 +7,7 @@
 # stdout: per case and path, the lines that say where the time goes (duration, throughputs, grid, stalls) and
 # the stall samples by kernel region (stall_regions.py: the wgmma kernel's consumer mainloop and epilogue,
 # producer, barrier-wait stubs);
-# $OUT/profile.tgz: every report (.ncu-rep, its details page as text, its SASS source page with the stall samples
+# Output folder: $OUT (default /tmp/moekit-profile-out); profile.tgz there: every report (.ncu-rep, its details page as text, its SASS source page with the stall samples
 # of each instruction as CSV).
 set -uo pipefail
 bench=$(realpath "${1:?usage: profile_gemm.sh BENCH CASE [CASE ...]}")

@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): every config through moekit-bench, then through
-# bench/compare/torch_bench.py (eager, then torch.compile), the MoE layer shapes through SonicMoE
-# (bench/compare/sonicmoe_bench.py, when bench/device/stage_sonicmoe.sh put it into DEST), then
-# bench/device/perf_tables.py over all the results.
+# Runs on the GPU machine, from the repository root: every bench config through moekit-bench (the CUDA backend, and
+# the reference backend on the machine's CPU), through bench/compare/torch_bench.py (eager, then torch.compile) and,
+# when bench/device/stage_sonicmoe.sh put SonicMoE into DEST, the MoE layer shapes through
+# bench/compare/sonicmoe_bench.py; then bench/device/perf_tables.py turns all the results into the generated part
+# of docs/performance.md.
 #   bench/device/run_all.sh DEST [STEP ...]
-# DEST: the folder bench/device/stage.sh filled (carried by the device tool). STEP: only these steps (names as in
-# the list below, e.g. "torch-compile:sonicmoe_fig14"); all by default.
+# DEST: the folder bench/device/stage.sh filled (copied to the GPU machine with the repository). STEP: only these
+# steps (names as in the list below, e.g. "torch-compile:sonicmoe_fig14"); all by default.
 # Each step runs under its own time limit, cut to what is left of the whole run's budget (MOEKIT_BENCH_BUDGET_S,
-# default 540 s, under the device tool's 600 s per command); a step that has no time left is skipped, and a step
-# stopped by its limit keeps the cases it finished (both tools rewrite their JSON after every case).
-# Outputs in $OUT: tables.md (the Markdown of docs/performance.md) and results.tgz (every JSON, log and
-# steps.tsv: each step's exit status, seconds used and limit). stdout ends with steps.tsv.
+# default 540 s, so that the run fits in 10 minutes); a step that has no time left is skipped, and a step stopped by
+# its limit keeps the cases it finished (every tool rewrites its JSON after every case).
+# Writes into the output folder ($OUT, default /tmp/moekit-bench-out): tables.md (perf_tables.py's Markdown, to
+# put into docs/performance.md) and results.tgz (every JSON, log, device.txt and steps.tsv: each step's exit
+# status, seconds used and limit); with SonicMoE, its tuning results and compiled kernels as sonicmoe-autotune.tgz
+# and sonicmoe-cache.tgz. stdout ends with steps.tsv.
 set -uo pipefail
 dest=${1:?usage: run_all.sh DEST [STEP ...]}
 shift
@@ -22,6 +25,13 @@ out=${OUT:-/tmp/moekit-bench-out}
 results=$(mktemp -d)
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+# moekit-bench --breakdown opens libcupti at run time: the toolkit's copy, where the loader does not find one.
+for lib in /usr/local/cuda*/targets/x86_64-linux/lib /usr/local/cuda*/extras/CUPTI/lib64; do
+  compgen -G "$lib/libcupti.so*" >/dev/null && LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+done
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
+command_line="bash bench/device/run_all.sh $dest${*:+ $*}"
+[[ -n ${MOEKIT_BENCH_BUDGET_S:-} ]] && command_line="MOEKIT_BENCH_BUDGET_S=$MOEKIT_BENCH_BUDGET_S $command_line"
 
 if [[ -f $dest/bench.tgz ]]; then
   tar -xzf "$dest/bench.tgz" -C "$dest" && rm "$dest/bench.tgz"
@@ -40,8 +50,8 @@ fi
 sonicmoe_path=$sonicmoe_site:$sonicmoe_site/nvidia_cutlass_dsl/python_packages
 # SonicMoE autotunes each GEMM per shape on its first call (~2 min each on the H200, 6 per layer shape): QuACK
 # compiles every candidate tile configuration, then times them. Its tuning results (QUACK_CACHE_AUTOTUNING) come
-# back as $OUT/sonicmoe-autotune.tgz, and its compiled kernels, whose cache keys hold no shapes (dtypes, tile,
-# cluster, schedule, layouts), with them as $OUT/sonicmoe-cache.tgz; a later run takes either from DEST, so a
+# back in the output folder as sonicmoe-autotune.tgz, and its compiled kernels, whose cache keys hold no shapes
+# (dtypes, tile, cluster, schedule, layouts), as sonicmoe-cache.tgz; a later run takes either from DEST, so a
 # shape's tuning is paid once and the compiles once for all shapes.
 sonicmoe_cache=$(mktemp -d)
 for archive in sonicmoe-cache.tgz sonicmoe-autotune.tgz; do
@@ -49,30 +59,36 @@ for archive in sonicmoe-cache.tgz sonicmoe-autotune.tgz; do
 done
 sonicmoe_env="PYTHONPATH=$sonicmoe_path QUACK_CACHE_AUTOTUNING=1 QUACK_CACHE_DIR=$sonicmoe_cache QUACK_COMPILE_WORKERS=16"
 
-# step name | time limit (s) | command. Order = priority: moekit first, then PyTorch eager, then torch.compile
-# (its compile time, ~10-30 s per shape, comes on top of the timed calls). The limits are about twice the costs
-# estimated from the shapes and the configs' iteration counts (docs/benchmark.md, "Reproducing the H200 tables").
+# step name | time limit (s) | command. The name is "tool:config"; perf_tables.py's topics name these steps. Order =
+# priority: moekit first, the reference backend, then PyTorch eager, torch.compile (its compile time, ~10-30 s per
+# shape, comes on top of the timed calls) and SonicMoE last (its tuning alone outlasts one run: see
+# docs/benchmark.md). The limits are about twice the costs estimated from the shapes and the configs' iteration
+# counts (docs/benchmark.md, "Reproducing the tables").
 steps=(
   "moekit:smoke|60|$bench bench/configs/smoke.json --backend cuda --check --out $results/moekit_smoke.json"
-  "moekit:sonicmoe_fig14|120|$bench bench/configs/sonicmoe_fig14.json --backend cuda --out $results/moekit_sonicmoe_fig14.json"
+  "moekit:sonicmoe_fig14|150|$bench bench/configs/sonicmoe_fig14.json --backend cuda --breakdown --out $results/moekit_sonicmoe_fig14.json"
+  "moekit:blocks|60|$bench bench/configs/blocks.json --backend cuda --out $results/moekit_blocks.json"
+  "moekit:gemm_rows_per_expert|60|$bench bench/configs/gemm_rows_per_expert.json --backend cuda --out $results/moekit_gemm_rows_per_expert.json"
   "moekit:sparse_ffn|60|$bench bench/configs/sparse_ffn.json --backend cuda --out $results/moekit_sparse_ffn.json"
   "moekit:gemm|150|$bench bench/configs/gemm.json --backend cuda --out $results/moekit_gemm.json"
-  "moekit:gemm_issue7|60|$bench bench/configs/gemm_issue7.json --backend cuda --out $results/moekit_gemm_issue7.json"
+  "reference:reference_layer|120|$bench bench/configs/reference_layer.json --backend reference --out $results/reference_reference_layer.json"
   "torch-eager:sonicmoe_fig14|120|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode eager --out $results/torch-eager_sonicmoe_fig14.json"
-  "sonicmoe:sonicmoe_fig14|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/sonicmoe_fig14.json --out $results/sonicmoe_sonicmoe_fig14.json"
+  "torch-eager:gemm_rows_per_expert|60|$python bench/compare/torch_bench.py bench/configs/gemm_rows_per_expert.json --mode eager --grouped-mm-alone --out $results/torch-eager_gemm_rows_per_expert.json"
   "torch-eager:sparse_ffn|60|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode eager --out $results/torch-eager_sparse_ffn.json"
   "torch-eager:gemm|150|$python bench/compare/torch_bench.py bench/configs/gemm.json --mode eager --out $results/torch-eager_gemm.json"
-  "torch-eager:gemm_issue7|60|$python bench/compare/torch_bench.py bench/configs/gemm_issue7.json --mode eager --grouped-mm-alone --out $results/torch-eager_gemm_issue7.json"
   "torch-compile:sonicmoe_fig14|240|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode compile --out $results/torch-compile_sonicmoe_fig14.json"
   "torch-compile:sparse_ffn|90|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode compile --out $results/torch-compile_sparse_ffn.json"
-  "torch-eager:smoke|40|$python bench/compare/torch_bench.py bench/configs/smoke.json --mode eager --out $results/torch-eager_smoke.json"
-  "torch-compile:smoke|60|$python bench/compare/torch_bench.py bench/configs/smoke.json --mode compile --out $results/torch-compile_smoke.json"
+  "sonicmoe:sonicmoe_fig14|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/sonicmoe_fig14.json --kernel-time --out $results/sonicmoe_sonicmoe_fig14.json"
 )
 
 printf 'step\texit\tseconds\tlimit\n' >"$results/steps.tsv"
 for entry in "${steps[@]}"; do
   IFS='|' read -r name limit command <<<"$entry"
   if (($# > 0)) && [[ " $* " != *" $name "* ]]; then continue; fi
+  if [[ $name == sonicmoe:* && ! -f $dest/sonicmoe-site.tar.xz ]]; then
+    printf '%s\tskipped (not staged: bench/device/stage_sonicmoe.sh)\t0\t0\n' "$name" >>"$results/steps.tsv"
+    continue
+  fi
   left=$((budget - reserve - (SECONDS - start)))
   ((limit > left)) && limit=$left
   if ((limit < 10)); then
@@ -100,7 +116,8 @@ if ((${#tuned[@]} > 0)); then
 fi
 jsons=("$results"/*.json)
 if ((${#jsons[@]} > 0)); then
-  "$python" bench/device/perf_tables.py "${jsons[@]}" --steps "$results/steps.tsv" >"$out/tables.md" 2>"$results/perf_tables.log" ||
+  "$python" bench/device/perf_tables.py "${jsons[@]}" --steps "$results/steps.tsv" --command "$command_line" \
+    >"$out/tables.md" 2>"$results/perf_tables.log" ||
     cat "$results/perf_tables.log"
 else
   echo "no result file was written (see the logs in results.tgz)" >"$out/tables.md"

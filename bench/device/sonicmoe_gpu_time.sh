@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# There (the GPU machine, from the repository root): moekit and SonicMoE on the MoE layer shapes of
+# Runs on the GPU machine, from the repository root: moekit and SonicMoE on the MoE layer shapes of
 # bench/configs/sonicmoe_fig14.json, each timed two ways: CUDA events per call (what a caller waits for) and GPU
 # time per call (the kernels' CUPTI durations summed: moekit-bench --breakdown, sonicmoe_bench.py --kernel-time).
 #   bench/device/sonicmoe_gpu_time.sh DEST [FILTER]
 # DEST: the folder bench/device/stage.sh and stage_sonicmoe.sh filled (bench.tgz, sonicmoe-site.tar.xz; optional
 # sonicmoe-autotune.tgz, SonicMoE's tuning from an earlier run). FILTER: a regex of case names (default: every case).
 # SonicMoE tunes each GEMM per shape on its first call; QuACK's compiled kernels (cache keys without shapes) and
-# tunings stay in SONICMOE_CACHE (default DEST/quack-cache), so a second call on the same (still warm) machine
-# goes on where a time limit stopped the first. BUDGET_S (default 560) bounds the whole run; MOEKIT=0 skips
-# moekit-bench (a continuation). $OUT: moekit.json, sonicmoe.json, their logs, sonicmoe-autotune.tgz and
-# gpu_time.md (bench/device/gpu_time_table.py).
+# tunings stay in SONICMOE_CACHE (default DEST/quack-cache), so a second run on the same machine, with DEST left in
+# place, goes on where a time limit stopped the first. BUDGET_S (default 560) bounds the whole run; MOEKIT=0 skips
+# moekit-bench (a continuation). Output folder: $OUT (default /tmp/moekit-sonicmoe-out): moekit.json,
+# sonicmoe.json, their logs, sonicmoe-autotune.tgz and gpu_time.md (bench/device/gpu_time_table.py).
 set -uo pipefail
 dest=${1:?usage: sonicmoe_gpu_time.sh DEST [FILTER]}
 filter=${2:-.}

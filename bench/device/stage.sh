@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Here (no GPU needed): packs what bench/device/run_all.sh needs on the GPU machine into DEST, a folder inside the
-# repository that git ignores (build*/), so the device tool can carry it (its limit is 64 MiB): moekit-bench and
-# libmoekit.so.0.1 of a CUDA build, stripped, in one gzip archive, and the commit they were built from.
+# Runs on the build machine (no GPU needed): packs what bench/device/run_all.sh needs on the GPU machine into DEST,
+# a folder inside the repository that git ignores (build*/), small enough (~6 MB) to copy to the GPU machine with
+# the repository: moekit-bench and libmoekit.so.0.1 of a CUDA build, stripped, in one gzip archive, and the commit
+# they were built from.
 #   bench/device/stage.sh BUILD_DIR DEST
 # BUILD_DIR: a CUDA build of this checkout with the targets moekit-bench and moekit built, e.g.
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j2 --target moekit-bench moekit

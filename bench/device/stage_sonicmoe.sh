@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Here (network, no GPU needed): packs SonicMoE and what it needs beyond the GPU machine's own Python 3.12 (which
+# Runs on the build machine (network, no GPU needed): packs SonicMoE and what it needs beyond the GPU machine's own Python 3.12 (which
 # has torch, triton, numpy, einops, cuda-bindings) into DEST/sonicmoe-site.tar.xz, the wheels unpacked as one
 # site-packages folder, for bench/device/run_all.sh's step sonicmoe:sonicmoe_fig14 (bench/compare/sonicmoe_bench.py).
 #   bench/device/stage_sonicmoe.sh DEST
-# DEST: a folder inside the repository that git ignores (build*/), e.g. the one bench/device/stage.sh fills, so the
-# device tool carries it. The versions are pinned to the SonicMoE release the driver was written against (its own
-# pins: nvidia-cutlass-dsl 4.4.2; quack-kernels of the same day). The archive is ~55 MB of the device tool's 64 MiB
-# per call: with stage.sh's ~8 MB the two fit beside the sources.
+# DEST: a folder inside the repository that git ignores (build*/), e.g. the one bench/device/stage.sh fills, copied
+# to the GPU machine with the repository. The versions are pinned to the SonicMoE release the driver was written
+# against (its own pins: nvidia-cutlass-dsl 4.4.2; quack-kernels of the same day). The archive is ~55 MB; with
+# stage.sh's ~6 MB the folder stays under 64 MB.
 set -euo pipefail
 dest=${1:?usage: stage_sonicmoe.sh DEST}
 wheels=(sonic-moe==0.1.2.post1 quack-kernels==0.3.11 nvidia-cutlass-dsl==4.4.2 nvidia-cutlass-dsl-libs-base==4.4.2

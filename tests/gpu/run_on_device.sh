@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine (the device tool) from the repository root: the GPU tests, compute-sanitizer memcheck,
+# Runs on the GPU machine, from the repository root: the GPU tests, compute-sanitizer memcheck,
 # racecheck and initcheck, and the kernel timing programs.
 #   tests/gpu/run_on_device.sh BIN_DIR [tests|sanitize|timing|all] [SANITIZE_SPEC]
 # SANITIZE_SPEC is the Catch2 test spec the sanitizers run: "[sanitize]" (default, the reduced set of small cases
 # of every kernel family) or "~[large]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes).
 # SANITIZE_TIMEOUT (seconds per executable and tool, default 240) bounds each sanitizer run; SANITIZE_TOOLS (default
 # "memcheck racecheck initcheck") and PROGRAMS (a glob, default "moekit_gpu_test_*") narrow a run.
-# Every log ends up in $OUT/logs.tgz (the device tool returns only a few files per call).
+# Output folder: $OUT (default /tmp/moekit-device-out): summary.txt, device.txt and every log packed into logs.tgz
+# (one archive instead of a file per program).
 # BIN_DIR holds the moekit_gpu_test_* and moekit_time_* executables (a build dir's tests/gpu and bench/micro
 # outputs), or tests/gpu/stage_for_device.sh's executables.txz of them, unpacked here first.
 set -uo pipefail

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Packs the GPU test and timing executables of a CUDA build into one folder inside the repository (ignored by
-# git as build*/) so the device tool can carry it (its limit is 64 MiB): stripped, then packed into one xz archive
+# Runs on the build machine: packs the GPU test and timing executables of a CUDA build into one folder inside the
+# repository (ignored by git as build*/), small enough to copy to a GPU machine: stripped, then packed into one xz
+# archive
 # with a window wider than one executable (every executable holds the whole static library, so they share most of
 # their bytes: ~8 MiB for all of them, where gzip's 32 KiB window left 127 MiB); run_on_device.sh unpacks it.
 #   tests/gpu/stage_for_device.sh BUILD_DIR [DEST=build-device]

@@ -1,6 +1,6 @@
 // CUDA dispatch metadata (docs/math.md section 2) against the reference backend through the C ABI: every integer output
 // identical (expert_offsets, gather_idx, pair_idx, grouped_pos), rows >= Pv of gather_idx / pair_idx still
-// poisoned, over the shape table (T x E x K), dropped pairs, empty experts, one expert taking every
+// poisoned, over a shape table (T x E x K), dropped pairs, empty experts, one expert taking every
 // token, a local expert range, strided id rows, general routing with 0..5 pairs per token, int32 and int64 ids;
 // bitwise determinism over reruns and across two streams; NOT_SUPPORTED for more experts than fit.
 #include <catch2/catch.hpp>

@@ -221,7 +221,7 @@ int64_t check_selection(const Shape& s, const Tokens& tokens, const Weights& w, 
   return differing;
 }
 
-// The shape table of the issue: every combination of the given token counts, D, F, G, kg, spg, bias and dtype
+// The shape table: every combination of the given token counts, D, F, G, kg, spg, bias and dtype
 // (kg > NG skipped). Weights, tokens, subsample rows and bias are drawn once per (D, F, dtype), (T, D, dtype) and
 // (NG, spg) and shared by the shapes that have them.
 void sweep(const std::vector<int64_t>& token_counts, const std::vector<int64_t>& d_models,

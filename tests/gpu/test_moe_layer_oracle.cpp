@@ -1,5 +1,5 @@
 // The CUDA MoE layer at the SonicMoE test shapes (T = 8192, bf16, SwiGLU concat, SOFTMAX_TOPK, no biases) against a
-// GPU oracle built from independent pieces, and the experts-only op against the layer (issue 5).
+// GPU oracle built from independent pieces, and the experts-only op against the layer.
 //
 // Oracle: the routing is the layer's own (its scores and indices), so both sides run the same pairs; the grouping is
 // a stable sort by expert on the host (docs/math.md section 2); every product is one cuBLASLt call per expert with fp32

@@ -664,7 +664,7 @@ TEST_CASE("db1 matches the reference: empty experts, one expert with every row, 
   const double beta = GENERATE(0.0, 1.0);
   // Both sum dtypes meet both storage dtypes and both betas.
   const bool fp32_sums = (dtype == MOEKIT_DTYPE_BF16) == (beta == 0.0);
-  // Widths: one vector (a 32-thread block with 31 idle), 264 (a partial block), 2048 (the issue's db1 shape),
+  // Widths: one vector (a 32-thread block with 31 idle), 264 (a partial block), 2048 (the layer's db1 width, 2I),
   // 520 (65 vectors: a 128-thread block, 1024-row chunks).
   const int64_t width = rows == 1 ? 8 : rows == 7 ? 264 : rows == 4096 ? 2048 : 520;
   const int64_t experts = rows == 30000 ? 37 : 8;

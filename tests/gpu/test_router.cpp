@@ -1,8 +1,8 @@
 // The CUDA router (docs/math.md section 1) against the reference backend through the C ABI: indices and counts
 // identical (the selection is decided on the same fp32 keys), scores and dlogits within docs/math.md section 9's fp32
-// bounds (the storage dtype's for a bf16/fp16 dlogits), over issue 3's shape table, every kind x renormalisation x
-// dtype x index type, ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the row-group shape
-// edges; poisoned outputs; bitwise identical reruns and streams.
+// bounds (the storage dtype's for a bf16/fp16 dlogits), over a shape table of token counts and E, every kind x
+// renormalisation x dtype x index type, ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the
+// row-group shape edges; poisoned outputs; bitwise identical reruns and streams.
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -263,7 +263,7 @@ void run_case(const Handles& handles, const RouterCase& c, uint64_t seed, bool w
 const moekit_router_kind_t all_kinds[] = {MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_ROUTER_TOPK,
                                           MOEKIT_ROUTER_SIGMOID};
 
-// Issue 3's shapes; the options rotate with the case number so every one meets many shapes.
+// The shape table; the options rotate with the case number so every one meets many shapes.
 void run_shape_table(const std::vector<int64_t>& token_counts) {
   Handles handles;
   int64_t n = 0;

@@ -1,7 +1,7 @@
 """moekit_torch on CUDA tensors (the H200): the CPU test's checks on the GPU.
 
-NOTE: this cannot pass until the CUDA backend serves the layers (the issue "CUDA kernels III"): today a CUDA handle
-answers MOEKIT_STATUS_NOT_SUPPORTED for the MoE and sparse-FFN layers, which this script reports (exit 2).
+A CUDA handle that answers MOEKIT_STATUS_NOT_SUPPORTED for the MoE or sparse-FFN layer (a GPU the CUDA backend does
+not serve) is reported with exit 2.
 
     MOEKIT_LIBRARY=<libmoekit.so of a CUDA build> python3 examples/python/gpu/check_gradients_cuda.py
 

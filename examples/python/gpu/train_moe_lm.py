@@ -2,8 +2,8 @@
 PyTorch — from the same initialisation on the same data; the two loss curves must agree within 1% at every step.
 Prints both curves (every 10 steps), the largest relative gap, and the tokens/s of each run.
 
-NOTE: this cannot run until the CUDA backend serves the MoE layer (the issue "CUDA kernels III"): today a CUDA
-handle answers MOEKIT_STATUS_NOT_SUPPORTED for it, which this script reports (exit 2).
+A CUDA handle that answers MOEKIT_STATUS_NOT_SUPPORTED for the MoE layer (a GPU the CUDA backend does not serve) is
+reported with exit 2.
 
     MOEKIT_LIBRARY=<libmoekit.so of a CUDA build> python3 examples/python/gpu/train_moe_lm.py [--steps 200]
 
