@@ -3,6 +3,7 @@
 // general routing the number of pairs, stay on the device.
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "cuda/dispatch/dispatch.h"
 
 namespace moekit {
@@ -21,7 +22,7 @@ void CudaBackend::dispatch(const moekit_plan& plan, const moekit_dispatch_args_t
   if (d.top_k > 0) {
     problem.tokens = args.indices.shape[0];
     // NOTE: capi requires only the last dimension to be contiguous; rows of ids may be further apart.
-    problem.indices_row_stride = args.indices.stride[0];
+    problem.indices_row_stride = row_stride(args.indices);
     problem.pair_slots = problem.tokens * d.top_k;
   } else {
     problem.tokens = args.tok_offsets.shape[0] - 1;

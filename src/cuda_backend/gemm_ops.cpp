@@ -9,6 +9,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/common/status_error.h"
 #include "cuda/common/activation_kind.h"
@@ -19,15 +20,6 @@ inline namespace v0 {
 namespace cuda {
 
 namespace {
-
-// The stride between rows `dim` and `dim + 1` apart; a dimension of extent 1 may carry any stride (capi allows
-// it), and its rows are never stepped over, so the dense stride stands in.
-int64_t stride_of(const moekit_tensor_t& t, int dim) {
-  if (t.shape[dim] > 1) return t.stride[dim];
-  int64_t dense = 1;
-  for (int d = dim + 1; d < t.rank; ++d) dense *= t.shape[d];
-  return dense;
-}
 
 void require_multiple_of_8(const char* name, const char* what, int64_t value) {
   if (value % 8 != 0)

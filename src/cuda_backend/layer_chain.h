@@ -17,6 +17,7 @@
 #include "cuda/common/cuda_check.h"
 #include "moekit/moekit.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "src/plan.h"
 
 namespace moekit {
@@ -79,10 +80,6 @@ inline moekit_tensor_t first_rows(moekit_tensor_t t, int64_t rows) {
   t.shape[0] = rows;
   return t;
 }
-
-// The element distance between the rows of a rank-2 view. A view of one row may carry any stride (capi allows it);
-// its rows are never stepped over, so the dense width stands in.
-inline int64_t row_stride(const moekit_tensor_t& t) { return t.shape[0] > 1 ? t.stride[0] : t.shape[1]; }
 
 inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
 

@@ -8,6 +8,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/reduce/combine.h"
 #include "cuda/common/status_error.h"
@@ -29,10 +30,6 @@ void require_fp32(const char* name, const moekit_tensor_t& t) {
     throw_not_supported(std::string(name) + ": the CUDA backend reads fp32 scores, not dtype " +
                         std::to_string(t.dtype));
 }
-
-// Elements between the rows of a rank-2 view. capi lets a view with one row carry any stride; its rows are then
-// never stepped over.
-int64_t row_stride(const moekit_tensor_t& t) { return t.shape[0] > 1 ? t.stride[0] : t.shape[1]; }
 
 // The kernels move whole 16-byte vectors: the row width and the row stride must both be multiples of the number
 // of elements in one (8 for 2-byte values, 4 for fp32). An absent tensor passes.

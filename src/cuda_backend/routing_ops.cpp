@@ -4,6 +4,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "cuda/routing/router.h"
 #include "cuda/common/status_error.h"
 
@@ -23,9 +24,6 @@ routing::RouterProblem problem_of(const moekit_plan& plan, int64_t tokens, int s
                                 static_cast<float>(d.scale),
                                 sm_count};
 }
-
-// The row stride of a [rows, width] view (capi checked the last dimension is contiguous).
-int64_t row_stride(const moekit_tensor_t& t) { return t.stride[0]; }
 
 [[noreturn]] void unsupported_logits(int32_t dtype) {
   throw_not_supported("logits: the CUDA router takes bf16, fp16 or fp32 logits, got dtype " + std::to_string(dtype));

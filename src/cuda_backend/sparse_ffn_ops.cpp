@@ -13,6 +13,7 @@
 
 #include "cuda/common/cuda_check.h"
 #include "src/cuda_backend/cuda_backend.h"
+#include "src/cuda_backend/tensor_strides.h"
 #include "cuda/dense/dense_gemm.h"
 #include "cuda/sparse_ffn/group_select.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
@@ -30,9 +31,9 @@ void select_chunks(int device, const DeviceFacts& facts, const moekit_sparse_ffn
                    const moekit_group_select_args_t& args, char* workspace, cudaStream_t stream) {
   const int64_t tokens = args.x.shape[0];
   const void* w_sel = args.w_gate.data;
-  int64_t w_stride = args.w_gate.stride[0];
+  int64_t w_stride = row_stride(args.w_gate);
   if (layout.gathers_rows) {
-    sparse_ffn::GatherRowsArgs gather{args.w_gate.data, args.w_gate.stride[0],
+    sparse_ffn::GatherRowsArgs gather{args.w_gate.data, row_stride(args.w_gate),
                                       static_cast<const int32_t*>(args.subsample_rows.data),
                                       layout.groups, d.group_size, layout.rows_per_group, d.d_model,
                                       workspace + layout.w_sel_offset};
@@ -51,8 +52,8 @@ void select_chunks(int device, const DeviceFacts& facts, const moekit_sparse_ffn
     // pre [rows, R] = x_chunk [rows, D] . w_sel [R, D]^T. A one-token tensor may carry any row stride; cuBLASLt
     // wants a leading dimension of at least D.
     const DenseGemm gemm{type,  type,     rows, layout.selected_rows, d.d_model, false, true,
-                         std::max(args.x.stride[0], d.d_model), w_stride, layout.selected_rows, 1.0f, 0.0f};
-    const char* x_chunk = static_cast<const char*>(args.x.data) + first * args.x.stride[0] * element;
+                         row_stride(args.x), w_stride, layout.selected_rows, 1.0f, 0.0f};
+    const char* x_chunk = static_cast<const char*>(args.x.data) + first * row_stride(args.x) * element;
     run_dense_gemm(device, gemm, x_chunk, w_sel, pre, workspace + layout.gemm_offset, stream,
                    "group select: gate pre-activation GEMM");
 
@@ -65,8 +66,8 @@ void select_chunks(int device, const DeviceFacts& facts, const moekit_sparse_ffn
         layout.gathers_rows ? static_cast<float>(d.group_size) / static_cast<float>(d.subsample) : 1.0f;
     energy.lb_bias = static_cast<const float*>(args.lb_bias.data);
     energy.top_groups = d.top_groups;
-    energy.groups_out = static_cast<int32_t*>(args.groups.data) + first * args.groups.stride[0];
-    energy.groups_stride = args.groups.stride[0];
+    energy.groups_out = static_cast<int32_t*>(args.groups.data) + first * row_stride(args.groups);
+    energy.groups_stride = row_stride(args.groups);
     energy.sm_count = facts.sm_count;
     energy.shared_bytes_optin = facts.shared_bytes_optin;
     sparse_ffn::launch_group_energy_topk(storage, energy, stream);
@@ -86,7 +87,7 @@ void CudaBackend::group_select(const moekit_plan& plan, const moekit_group_selec
   if (tokens > 0) select_chunks(device_index_, facts_, d, layout, args, workspace, stream);
   if (args.counts.data) {
     sparse_ffn::GroupCountsArgs counting{static_cast<const int32_t*>(args.groups.data),
-                                         args.groups.stride[0],
+                                         row_stride(args.groups),
                                          tokens,
                                          d.top_groups,
                                          layout.groups,
