@@ -14,6 +14,7 @@
 
 #include "common/test_util.h"
 #include "moekit/moekit.h"
+#include "plan_descs.h"
 #include "src/plan.h"
 
 using moekit_test::AlignedBuffer;
@@ -22,10 +23,12 @@ using moekit_test::ReferenceHandle;
 
 namespace {
 
+using namespace plan_descs;
+
 constexpr moekit_device_t kCpu{MOEKIT_DEVICE_CPU, 0};
 
-// Small shapes shared by the fixtures.
-constexpr int64_t kMaxTokens = 8, kT = 5, kH = 32, kI = 8, kE = 4, kK = 2, kRouterExperts = 6;
+// The tokens of every call (the descriptors' shapes are in plan_descs.h).
+constexpr int64_t kT = 5;
 
 struct Rejection {
   moekit_status_t status;
@@ -131,7 +134,6 @@ constexpr int64_t kP = kT * kK;
 
 constexpr moekit_dtype_t kBf16 = MOEKIT_DTYPE_BF16, kFp32 = MOEKIT_DTYPE_FP32, kI32 = MOEKIT_DTYPE_INT32,
                          kI64 = MOEKIT_DTYPE_INT64;
-constexpr int64_t kD = 32, kF = 128, kG = 32, kGroups = kF / kG, kTopGroups = 2, kSubsample = 8;
 
 template <class Args>
 std::unique_ptr<OpFixture<Args>> fixture(const char* op, typename OpFixture<Args>::Run run) {
@@ -139,16 +141,6 @@ std::unique_ptr<OpFixture<Args>> fixture(const char* op, typename OpFixture<Args
 }
 
 // ---- Level 1 ----------------------------------------------------------------------------------------------
-
-moekit_router_desc_t router_desc() {
-  moekit_router_desc_t d;
-  moekit_router_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.experts = kE;
-  d.top_k = kK;
-  d.kind = MOEKIT_ROUTER_SIGMOID;
-  return d;
-}
 
 std::unique_ptr<Fixture> router_forward(moekit_handle_t h) {
   auto f = fixture<moekit_router_fwd_args_t>("router forward", [](auto& f) {
@@ -187,11 +179,7 @@ std::unique_ptr<Fixture> dispatch_fixed(moekit_handle_t h) {
   auto f = fixture<moekit_dispatch_args_t>("dispatch (fixed top-k)", [](auto& f) {
     return moekit_dispatch(f.plan, &f.args, nullptr, 0, nullptr);
   });
-  moekit_dispatch_desc_t d;
-  moekit_dispatch_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.top_k = kK;
-  d.experts = kE;
+  moekit_dispatch_desc_t d = dispatch_desc();
   MOEKIT_REQUIRE_OK(moekit_dispatch_plan_create(h, &d, &f->plan));
   auto& a = f->args;
   moekit_dispatch_args_init(&a);
@@ -228,18 +216,6 @@ std::unique_ptr<Fixture> dispatch_general(moekit_handle_t h) {
   return f;
 }
 
-moekit_gemm_desc_t gemm_desc(int32_t mode, int32_t gather, int32_t epilogue) {
-  moekit_gemm_desc_t d;
-  moekit_gemm_desc_init(&d);
-  d.mode = mode;
-  d.gather = gather;
-  d.epilogue = epilogue;
-  d.groups = kE;
-  d.max_rows = 12;
-  d.gather_rows = kMaxTokens;
-  return d;
-}
-
 using GemmFixture = OpFixture<moekit_gemm_args_t>;
 
 std::unique_ptr<GemmFixture> gemm_fixture(const char* op, moekit_handle_t h, const moekit_gemm_desc_t& d) {
@@ -252,10 +228,7 @@ std::unique_ptr<GemmFixture> gemm_fixture(const char* op, moekit_handle_t h, con
 
 // h = x[gather_idx] W1^T + b1, a = swiglu(h): the up-projection of the MoE forward.
 std::unique_ptr<Fixture> gemm_gated(moekit_handle_t h) {
-  moekit_gemm_desc_t d = gemm_desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_GATHER_A, MOEKIT_EPILOGUE_GATED);
-  d.n = 2 * kI;
-  d.k = kH;
-  auto f = gemm_fixture("grouped GEMM (gathered, GATED)", h, d);
+  auto f = gemm_fixture("grouped GEMM (gathered, GATED)", h, gated_gemm_desc());
   auto& a = f->args;
   f->bind_ints("gather_idx", a.gather_idx, kI32, kGatherIdx);
   f->mark_leading();
@@ -294,11 +267,7 @@ std::unique_ptr<Fixture> gemm_dgated(moekit_handle_t h) {
 
 // dW1[e] = dh_e^T x[gather_idx]_e in fp32: varlen K with B gathered.
 std::unique_ptr<Fixture> gemm_varlen_k(moekit_handle_t h) {
-  moekit_gemm_desc_t d = gemm_desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_GEMM_GATHER_B, MOEKIT_EPILOGUE_STORE);
-  d.n = kH;
-  d.k = 2 * kI;
-  d.out_dtype = kFp32;
-  auto f = gemm_fixture("grouped GEMM (varlen K, B gathered)", h, d);
+  auto f = gemm_fixture("grouped GEMM (varlen K, B gathered)", h, varlen_k_gemm_desc());
   auto& a = f->args;
   f->bind_ints("gather_idx", a.gather_idx, kI64, kGatherIdx);
   f->mark_leading();
@@ -423,18 +392,6 @@ std::unique_ptr<Fixture> db2_ds(moekit_handle_t h) {
   return f;
 }
 
-moekit_sparse_ffn_desc_t sparse_ffn_desc() {
-  moekit_sparse_ffn_desc_t d;
-  moekit_sparse_ffn_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.d_model = kD;
-  d.d_ff = kF;
-  d.group_size = kG;
-  d.top_groups = kTopGroups;
-  d.subsample = kSubsample;
-  return d;
-}
-
 std::vector<int64_t> subsample_ids() {
   std::vector<int64_t> ids;
   for (int64_t g = 0; g < kGroups; ++g)
@@ -476,22 +433,6 @@ std::unique_ptr<Fixture> load_balance(moekit_handle_t h) {
 }
 
 // ---- Level 2 ----------------------------------------------------------------------------------------------
-
-moekit_moe_desc_t moe_desc() {
-  moekit_moe_desc_t d;
-  moekit_moe_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.hidden = kH;
-  d.intermediate = kI;
-  d.router_experts = kRouterExperts;
-  d.experts = kE;
-  d.expert_begin = 1;
-  d.top_k = kK;
-  d.router = MOEKIT_ROUTER_SIGMOID;
-  d.has_b1 = 1;
-  d.has_b2 = 1;
-  return d;
-}
 
 template <class Args>
 void make_saved(OpFixture<Args>& f) {
@@ -847,40 +788,6 @@ std::function<moekit_status_t(moekit_handle_t, moekit_plan_t*)> with(
     change(d);
     return create(h, &d, plan);
   };
-}
-
-moekit_dispatch_desc_t dispatch_desc() {
-  moekit_dispatch_desc_t d;
-  moekit_dispatch_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.top_k = kK;
-  d.experts = kE;
-  return d;
-}
-
-moekit_gemm_desc_t gated_gemm_desc() {
-  moekit_gemm_desc_t d = gemm_desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_GATHER_A, MOEKIT_EPILOGUE_GATED);
-  d.n = 2 * kI;
-  d.k = kH;
-  return d;
-}
-
-moekit_combine_desc_t combine_desc() {
-  moekit_combine_desc_t d;
-  moekit_combine_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.top_k = kK;
-  d.hidden = kH;
-  return d;
-}
-
-moekit_bias_grad_desc_t bias_grad_desc() {
-  moekit_bias_grad_desc_t d;
-  moekit_bias_grad_desc_init(&d);
-  d.experts = kE;
-  d.max_rows = 12;
-  d.width = kH;
-  return d;
 }
 
 const std::vector<DescCase>& bad_descriptors() {

@@ -170,6 +170,12 @@ GemmConfig config(const moekit_gemm_desc_t& d, const GemmOverrides& env = GemmOv
   return c;
 }
 
+// Whether the configuration is one variant only: the wgmma kernel, C stored by the threads.
+bool threads_only(const moekit_gemm_desc_t& d) {
+  const GemmConfig g = config(d);
+  return g.count == 1 && g.variants[0].kernel.path == GemmPath::wgmma && g.variants[0].kernel.c == OutputMove::threads;
+}
+
 // The facts of a call: beta, alpha and bias, row strides.
 enum class Beta { zero, one, other };
 struct Call {
@@ -609,11 +615,6 @@ TEST_CASE("gemm config: GATED by TMA only for a gated activation, CONCAT, alpha 
     CHECK(config(d).for_call(kPlainCall).c == OutputMove::tma_store);
   }
   // Every other GATED: one wgmma variant by the threads.
-  const auto threads_only = [](const moekit_gemm_desc_t& d) {
-    const GemmConfig g = config(d);
-    return g.count == 1 && g.variants[0].kernel.path == GemmPath::wgmma &&
-           g.variants[0].kernel.c == OutputMove::threads;
-  };
   moekit_gemm_desc_t interleaved = up;
   interleaved.glu_layout = MOEKIT_GLU_INTERLEAVED;
   CHECK(threads_only(interleaved));
@@ -648,11 +649,6 @@ TEST_CASE("gemm config: varlen M STORE by TMA for beta = 0 into C of the operand
   fp16.out_dtype = MOEKIT_DTYPE_FP16;
   CHECK(config(fp16).for_call(kPlainCall).c == OutputMove::tma_store);
 
-  const auto threads_only = [](const moekit_gemm_desc_t& d) {
-    const GemmConfig g = config(d);
-    return g.count == 1 && g.variants[0].kernel.path == GemmPath::wgmma &&
-           g.variants[0].kernel.c == OutputMove::threads;
-  };
   moekit_gemm_desc_t fp32_out = store;
   fp32_out.out_dtype = MOEKIT_DTYPE_FP32;
   CHECK(threads_only(fp32_out));

@@ -10,88 +10,14 @@
 
 #include "common/test_util.h"
 #include "moekit/moekit.h"
+#include "plan_descs.h"
 
 using moekit_test::PlanOwner;
 using moekit_test::ReferenceHandle;
 
 namespace {
 
-// Small shapes, valid for every descriptor below.
-constexpr int64_t kMaxTokens = 8, kH = 32, kI = 8, kE = 4, kK = 2;
-constexpr int64_t kD = 32, kF = 128, kG = 32, kTopGroups = 2;
-
-moekit_router_desc_t router_desc() {
-  moekit_router_desc_t d;
-  moekit_router_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.experts = kE;
-  d.top_k = kK;
-  return d;
-}
-
-moekit_dispatch_desc_t dispatch_desc() {
-  moekit_dispatch_desc_t d;
-  moekit_dispatch_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.top_k = kK;
-  d.experts = kE;
-  return d;
-}
-
-moekit_gemm_desc_t gemm_desc(int32_t mode) {
-  moekit_gemm_desc_t d;
-  moekit_gemm_desc_init(&d);
-  d.mode = mode;
-  d.gather = MOEKIT_GEMM_GATHER_A;
-  d.epilogue = mode == MOEKIT_GEMM_VARLEN_M ? MOEKIT_EPILOGUE_GATED : MOEKIT_EPILOGUE_STORE;
-  d.groups = kE;
-  d.max_rows = kMaxTokens * kK;
-  d.gather_rows = kMaxTokens;
-  d.n = 2 * kI;
-  d.k = kH;
-  return d;
-}
-
-moekit_combine_desc_t combine_desc() {
-  moekit_combine_desc_t d;
-  moekit_combine_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.top_k = kK;
-  d.hidden = kH;
-  return d;
-}
-
-moekit_bias_grad_desc_t bias_grad_desc() {
-  moekit_bias_grad_desc_t d;
-  moekit_bias_grad_desc_init(&d);
-  d.experts = kE;
-  d.max_rows = kMaxTokens * kK;
-  d.width = kH;
-  return d;
-}
-
-moekit_sparse_ffn_desc_t sparse_ffn_desc() {
-  moekit_sparse_ffn_desc_t d;
-  moekit_sparse_ffn_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.d_model = kD;
-  d.d_ff = kF;
-  d.group_size = kG;
-  d.top_groups = kTopGroups;
-  return d;
-}
-
-moekit_moe_desc_t moe_desc() {
-  moekit_moe_desc_t d;
-  moekit_moe_desc_init(&d);
-  d.max_tokens = kMaxTokens;
-  d.hidden = kH;
-  d.intermediate = kI;
-  d.router_experts = kE;
-  d.experts = kE;
-  d.top_k = kK;
-  return d;
-}
+using namespace plan_descs;
 
 // A plan of one kind and the operation name its text must hold.
 struct NamedPlan {
@@ -110,9 +36,9 @@ std::vector<NamedPlan> plans_of_every_kind(moekit_handle_t h) {
   MOEKIT_REQUIRE_OK(moekit_router_plan_create(h, &router, add("router", "router")));
   const moekit_dispatch_desc_t dispatch = dispatch_desc();
   MOEKIT_REQUIRE_OK(moekit_dispatch_plan_create(h, &dispatch, add("dispatch", "dispatch")));
-  const moekit_gemm_desc_t gemm_m = gemm_desc(MOEKIT_GEMM_VARLEN_M);
+  const moekit_gemm_desc_t gemm_m = gated_gemm_desc();
   MOEKIT_REQUIRE_OK(moekit_gemm_plan_create(h, &gemm_m, add("gemm (varlen M)", "grouped GEMM")));
-  const moekit_gemm_desc_t gemm_k = gemm_desc(MOEKIT_GEMM_VARLEN_K);
+  const moekit_gemm_desc_t gemm_k = varlen_k_gemm_desc();
   MOEKIT_REQUIRE_OK(moekit_gemm_plan_create(h, &gemm_k, add("gemm (varlen K)", "grouped GEMM")));
   const moekit_combine_desc_t combine = combine_desc();
   MOEKIT_REQUIRE_OK(moekit_combine_plan_create(h, &combine, add("combine", "combine")));
