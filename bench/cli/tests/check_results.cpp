@@ -1,7 +1,7 @@
 // Checks a moekit-bench results file against its config: the meta block, one record per case in config order,
 // every case run (or reported not supported) with a positive time, its figures present, its check passed, a
 // reproduce command that names the case, for the operations with real routing the routing record (lognormal
-// routing: its empty experts really empty), and a --breakdown's kernel records.
+// routing: its empty experts really empty), a --breakdown's kernel records, and the plan's description.
 //   moekit_bench_check_results RESULTS.json CONFIG.json      exit 0 when everything holds, else 1 with the reasons
 #include <nlohmann/json.hpp>
 
@@ -115,6 +115,16 @@ void check_breakdown(const json& c, const std::string& where) {
   }
 }
 
+// kernel_config: the plan's moekit_plan_describe text, one line per entry, naming the backend on its first line.
+void check_kernel_config(const json& c, const std::string& where, const std::string& backend) {
+  const json& lines = c["kernel_config"];
+  expect(lines.is_array() && !lines.empty() && lines[0].is_string(), where + "no kernel_config lines");
+  if (!lines.is_array() || lines.empty() || !lines[0].is_string()) return;
+  const std::string first = lines[0].get<std::string>();
+  const char* names = backend == "reference" ? "reference backend" : "CUDA device";
+  expect(first.find(names) != std::string::npos, where + "kernel_config does not name the backend: " + first);
+}
+
 void check_case(const json& c, const std::string& expected_name, const std::string& backend) {
   const std::string where = "case '" + expected_name + "': ";
   expect(c.value("name", "") == expected_name, where + "found '" + c.value("name", "") + "' in its place");
@@ -135,6 +145,7 @@ void check_case(const json& c, const std::string& expected_name, const std::stri
     expect(c["bytes"].get<double>() > 0, where + "no bytes counted");
     if (has_real_routing(c.value("op", ""))) check_routing(c, where);
     if (c.contains("breakdown")) check_breakdown(c, where);
+    check_kernel_config(c, where, backend);
     if (backend == "reference")
       expect(c["baseline"].value("description", "").find("no baseline") != std::string::npos,
              where + "the reference backend must state that there is no baseline");
