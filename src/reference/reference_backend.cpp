@@ -11,8 +11,9 @@ namespace ref {
 ReferenceBackend::ReferenceBackend(int num_threads) { set_thread_count(num_threads); }
 
 std::string ReferenceBackend::describe(const moekit_plan& plan) const {
-  return plan_summary(plan) + ": reference backend (CPU, float64 accumulation, " + std::to_string(thread_count()) +
-         " threads)";
+  const int threads = thread_count();
+  return plan_summary(plan) + ": reference backend (CPU, float64 accumulation, " + std::to_string(threads) +
+         (threads == 1 ? " thread)" : " threads)");
 }
 
 }  // namespace ref
