@@ -808,6 +808,85 @@ TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", 
   }
 }
 
+// Every kernel configuration a plan may hold for a product must give the same bits, so that which one runs (the
+// heuristic, an override, a tuned choice) never changes a result: both tiles and both cluster sizes of the wgmma
+// kernel, and both tiles of the mma.sync kernel, over counts that are no tile multiple and empty groups, for every
+// mode and epilogue. DGATED's dscores sum one partial per column tile, so they agree between cluster sizes of one
+// tile only (its dh and a' between every candidate).
+TEST_CASE("gemm: every tile and cluster candidate gives the same bits", "[gemm][wgmma]") {
+  const char* forced = std::getenv("MOEKIT_GEMM_PATH");
+  if (forced != nullptr && std::string(forced) == "mma") return;  // the suite's mma.sync run forces every path
+  Handles handles;
+  std::mt19937_64 rng(41);
+  std::vector<Case> cases;
+  Case base;
+  base.k = 192;
+  base.counts = {0, 1, 129, 127, 0, 128, 37, 255, 257};
+  Case store = base;  // the down-projection's form, and with a bias
+  store.n = 320;
+  cases.push_back(store);
+  store.epilogue = MOEKIT_EPILOGUE_BIAS;
+  store.bias = true;
+  cases.push_back(store);
+  Case gated = base;  // the up-projection: x gathered, SwiGLU in the CONCAT layout, I = 192
+  gated.gather = MOEKIT_GEMM_GATHER_A;
+  gated.epilogue = MOEKIT_EPILOGUE_GATED;
+  gated.n = 384;
+  cases.push_back(gated);
+  Case dgated = gated;  // dA = dout W2 with W2 as [k = H, n = I]
+  dgated.epilogue = MOEKIT_EPILOGUE_DGATED;
+  dgated.b_layout = MOEKIT_GEMM_B_KN;
+  cases.push_back(dgated);
+  Case dxe = store;  // dh W1 with W1 as [k = 2I, n = H]
+  dxe.epilogue = MOEKIT_EPILOGUE_STORE;
+  dxe.bias = false;
+  dxe.b_layout = MOEKIT_GEMM_B_KN;
+  cases.push_back(dxe);
+  for (int32_t gather : {MOEKIT_GEMM_GATHER_A, MOEKIT_GEMM_GATHER_B}) {
+    Case wgrad = base;  // dW2 (A gathered) and dW1 (B gathered); bf16 stores and fp32 accumulation
+    wgrad.mode = MOEKIT_GEMM_VARLEN_K;
+    wgrad.gather = gather;
+    wgrad.k = 256;
+    wgrad.n = 200;
+    wgrad.counts = {0, 1, 63, 65, 0, 128, 37, 255, 257};
+    cases.push_back(wgrad);
+    wgrad.out_dtype = MOEKIT_DTYPE_FP32;
+    wgrad.beta = 1.0;
+    cases.push_back(wgrad);
+  }
+  struct Candidate {
+    const char* path;
+    const char* tile;
+  };
+  const Candidate wgmma[] = {{"wgmma", "128x256"}, {"wgmma", "128x128"}, {"wgmma_pair", "128x256"},
+                             {"wgmma_pair", "128x128"}};
+  const Candidate mma[] = {{"mma", "128x256"}, {"mma", "128x128"}};
+  int compared = 0;
+  for (const Case& cs : cases) {
+    INFO(cs.name());
+    const Inputs in = make_inputs(rng, cs);
+    for (const auto& family : {std::vector<Candidate>(std::begin(wgmma), std::end(wgmma)),
+                               std::vector<Candidate>(std::begin(mma), std::end(mma))}) {
+      std::vector<Outputs> runs;
+      for (const Candidate& candidate : family) {
+        Inputs run = in;
+        run.cs.tile = candidate.tile;
+        const ScopedEnv path("MOEKIT_GEMM_PATH", candidate.path);
+        runs.push_back(run_cuda(handles.cuda, run));
+      }
+      for (size_t i = 1; i < runs.size(); ++i) {
+        INFO(family[i].path << " " << family[i].tile << " against " << family[0].path << " " << family[0].tile);
+        REQUIRE(runs[i].c.bytes_equal(runs[0].c));
+        if (in.gated || in.dgated) REQUIRE(runs[i].act.bytes_equal(runs[0].act));
+        // The same tile: candidates i and i - 2 differ in the cluster size only.
+        if (in.dgated && i >= 2) REQUIRE(runs[i].dscores.bytes_equal(runs[i - 2].dscores));
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared == 9 * (3 + 1));
+}
+
 TEST_CASE("gemm: what the CUDA kernels cannot take is NOT_SUPPORTED", "[gemm]") {
   Handles handles;
   moekit_gemm_desc_t d;
