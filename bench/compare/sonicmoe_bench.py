@@ -8,12 +8,16 @@ SwiGLU, the down-projection and the weighted combine; backward through autograd 
 get gradients), so moe_backward is t(forward + backward) - t(forward) as in moekit-bench and in SonicMoE's
 benchmark. W1 in SonicMoE's default layout (gate and up rows interleaved), no biases, bf16. The input sets,
 warm-up, rounds and rotation are torch_bench.py's (its layer_case / measure with SonicMoE's layer in place of the
-PyTorch one); the first forward case of a run is also checked against torch_bench.py's PyTorch layer on the same
-inputs (record field "check").
+PyTorch one), and so is the device memory of one untimed forward + backward (record fields peak_extra_bytes and
+grad_bytes); the first forward case of a run is also checked against torch_bench.py's PyTorch layer on the same
+inputs (record field "check"). Every MoE layer case of any config runs (moe_forward, moe_backward,
+moe_forward_backward); one that this layer does not compute (another router, an activation other than SwiGLU,
+biases) and every other operation are reported "not_supported".
 
 SonicMoE is not a dependency of moekit: bench/device/stage_sonicmoe.sh packs the wheels this was written against
 (sonic-moe 0.1.2.post1, quack-kernels 0.3.11, nvidia-cutlass-dsl 4.4.2, apache-tvm-ffi, torch-c-dlpack-ext; Python
-3.12) for the GPU machine, and bench/device/run_all.sh's step sonicmoe:sonicmoe_fig14 runs this with them.
+3.12) for the GPU machine, and bench/device/run_all.sh's steps sonicmoe:sonicmoe_fig14 and sonicmoe:models run
+this with them.
 
 usage: python3 bench/compare/sonicmoe_bench.py CONFIG.json [--out results.json] [--filter REGEX] [--kernel-time]
 """
@@ -64,7 +68,7 @@ def check(case, layer):
 
 
 def kernel_time(case, layer, calls=10):
-    """GPU time per call of the case's work (forward, or forward + backward for moe_backward), summed over every
+    """GPU time per call of the case's work (forward, or forward + backward for the other ops), summed over every
     kernel, memcpy and memset that the profiler's CUPTI records show, and per kernel name: what the GPU spends,
     without the host's gaps between launches that the event timing includes (moekit-bench --breakdown reports the
     same for moekit)."""
@@ -73,7 +77,7 @@ def kernel_time(case, layer, calls=10):
     dtype = torch_bench.DTYPES[case.get("dtype", "bf16")]
     make_set, forward, _ = torch_bench.layer_case(case, dtype, False, layer)
     s = make_set()
-    backward = case["op"] == "moe_backward"
+    backward = case["op"] != "moe_forward"
 
     def call():
         for t in s.values():

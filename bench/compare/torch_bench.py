@@ -6,8 +6,9 @@ apart, rounds of timed calls, median/min/max and the spread of the rounds' media
 size, a layer backward as t(forward + backward) - t(forward)):
 
   moe_*         router linear, top-k, softmax over the top-k, stable sort of the pairs by expert, gather of the x
-                rows, torch._grouped_mm up-projection, SwiGLU, torch._grouped_mm down-projection, score-weighted
-                index_add; backward through autograd (input and weight gradients)
+                rows, torch._grouped_mm up-projection (+ b1 of the row's expert), SwiGLU or SwiGLU-OAI (gate and
+                up rows concatenated or interleaved, as the case's glu_layout), torch._grouped_mm down-projection
+                (+ b2), score-weighted index_add; backward through autograd (input and weight gradients)
   sparse_ffn_*  the dense SwiGLU FFN of the same width d_ff (the baseline a sparse FFN must beat)
   gemm          torch._grouped_mm of the same grouped shapes, the gathered rows copied first, the epilogue's math
                 (bias, SwiGLU, dgated) in eager PyTorch after it; an out_dtype other than dtype through
@@ -16,6 +17,11 @@ size, a layer backward as t(forward + backward) - t(forward)):
                 With --grouped-mm-alone, also the torch._grouped_mm call alone, on rows gathered beforehand, no
                 epilogue and no accumulation (record field grouped_mm_alone)
   other ops     reported "not_supported" (no PyTorch-native counterpart written here)
+
+Layer cases (moe_*, sparse_ffn_*) also record the device memory of one untimed forward + backward after the
+warm-up: peak_extra_bytes, torch.cuda.max_memory_allocated() during it less torch.cuda.memory_allocated() just
+before it (the inputs and weights allocated, the previous gradients freed), so the saved activations, the
+temporaries and the gradients the backward allocates; grad_bytes, the size of those gradients.
 
 Model FLOPs follow docs/benchmark.md, so the TFLOP/s of a case compare with moekit-bench's record of the same name;
 join_results.py prints two result files side by side. Routing comes from random logits through torch.topk (the
@@ -133,14 +139,33 @@ def route(logits, top_k):
     return scores, idx, order, counts, offs
 
 
-def moe_layer(x, w_router, w1, w2, top_k):
-    """x [T, H], w_router [E, H], w1 [E, 2I, H] (gate rows, then up rows), w2 [E, H, I] -> out [T, H]."""
+GLU_LIMIT = 7.0  # SwiGLU-OAI's clamp limit: moekit's default (docs/math.md section 3), which moekit-bench keeps
+
+
+def glu(h, activation, interleaved):
+    """The gated activation of h [P, 2I]: SwiGLU, or SwiGLU-OAI (gpt-oss: gate clamped above at the limit, up to
+    +-limit, gate * sigmoid(1.702 gate) * (up + 1)); gate and up rows concatenated or interleaved."""
+    gate, up = (h[:, 0::2], h[:, 1::2]) if interleaved else h.chunk(2, dim=-1)
+    if activation == "swiglu_oai":
+        gate, up = gate.clamp(max=GLU_LIMIT), up.clamp(-GLU_LIMIT, GLU_LIMIT)
+        return gate * torch.sigmoid(1.702 * gate) * (up + 1)
+    return F.silu(gate) * up
+
+
+def moe_layer(x, w_router, w1, w2, top_k, b1=None, b2=None, activation="swiglu", interleaved=False):
+    """x [T, H], w_router [E, H], w1 [E, 2I, H] (gate rows, then up rows; or interleaved), w2 [E, H, I], optional
+    b1 [E, 2I] and b2 [E, H] -> out [T, H]."""
     logits = F.linear(x, w_router)
-    scores, _, order, _, offs = route(logits, top_k)
+    scores, _, order, counts, offs = route(logits, top_k)
     token = order // top_k
     h = torch._grouped_mm(x.index_select(0, token), w1.transpose(-2, -1), offs=offs)
-    gate, up = h.chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(gate) * up, w2.transpose(-2, -1), offs=offs)
+    if b1 is not None or b2 is not None:  # the expert of each grouped row, without a host synchronisation
+        expert = torch.repeat_interleave(torch.arange(w1.shape[0], device=x.device), counts, output_size=order.numel())
+    if b1 is not None:
+        h = h + b1.index_select(0, expert)
+    y = torch._grouped_mm(glu(h, activation, interleaved), w2.transpose(-2, -1), offs=offs)
+    if b2 is not None:
+        y = y + b2.index_select(0, expert)
     weights = scores.reshape(-1).index_select(0, order).unsqueeze(1).to(y.dtype)
     return torch.zeros_like(x).index_add(0, token, y * weights)
 
@@ -203,18 +228,32 @@ def layer_case(case, dtype, compile_mode, moe_fn=None):
     op = case["op"]
     if op.startswith("moe_"):
         T, H, I, E, K = (case[k] for k in ("tokens", "hidden", "intermediate", "experts", "top_k"))
-        if case.get("activation", "swiglu") != "swiglu" or case.get("router", "softmax_topk") != "softmax_topk":
-            raise NotSupported("the MoE layers timed here are SwiGLU with softmax over the top-k only")
+        activation, has_b1, has_b2 = case.get("activation", "swiglu"), case.get("has_b1"), case.get("has_b2")
+        interleaved = case.get("glu_layout", "concat") == "interleaved"
+        if case.get("router", "softmax_topk") != "softmax_topk":
+            raise NotSupported("the MoE layers timed here route by softmax over the top-k only")
+        if moe_fn is not None and (activation != "swiglu" or has_b1 or has_b2):
+            raise NotSupported(f"the other layer is timed with SwiGLU and no biases only (this case: {activation}"
+                               + (", biases" if has_b1 or has_b2 else "") + ")")
+        if activation not in ("swiglu", "swiglu_oai"):
+            raise NotSupported(f"the PyTorch MoE layer here is SwiGLU or SwiGLU-OAI, not {activation}")
         fn = moe_fn or (compile_once(moe_layer) if compile_mode else moe_layer)
 
         def make_set():
-            return dict(x=uniform((T, H), 1.0, dtype, True), w_router=uniform((E, H), H ** -0.5, dtype, True),
-                        w1=uniform((E, 2 * I, H), H ** -0.5, dtype, True), w2=uniform((E, H, I), I ** -0.5, dtype, True),
-                        dout=uniform((T, H), 1.0, dtype))
+            s = dict(x=uniform((T, H), 1.0, dtype, True), w_router=uniform((E, H), H ** -0.5, dtype, True),
+                     w1=uniform((E, 2 * I, H), H ** -0.5, dtype, True), w2=uniform((E, H, I), I ** -0.5, dtype, True),
+                     dout=uniform((T, H), 1.0, dtype))
+            if has_b1:
+                s["b1"] = uniform((E, 2 * I), 0.1, dtype, True)
+            if has_b2:
+                s["b2"] = uniform((E, H), 0.1, dtype, True)
+            return s
 
         def forward(s):
-            return fn(s["x"], s["w_router"], s["w1"], s["w2"], K)
-        set_bytes = 2 * (2 * T * H + E * H + 3 * E * I * H)
+            if moe_fn is not None:
+                return fn(s["x"], s["w_router"], s["w1"], s["w2"], K)
+            return fn(s["x"], s["w_router"], s["w1"], s["w2"], K, s.get("b1"), s.get("b2"), activation, interleaved)
+        set_bytes = 2 * (2 * T * H + E * H + 3 * E * I * H + (2 * E * I if has_b1 else 0) + (E * H if has_b2 else 0))
     else:
         if moe_fn is not None:
             raise NotSupported(f"{op}: only MoE layer cases are timed with another layer")
@@ -377,6 +416,21 @@ def counts_of(case):
     return {key: case.get(key, DEFAULT_COUNTS[key]) for key in DEFAULT_COUNTS}
 
 
+def step_memory(set_tensors, forward_backward):
+    """(peak_extra_bytes, grad_bytes) of one untimed forward_backward(): the peak of torch.cuda.max_memory_allocated
+    during it over torch.cuda.memory_allocated() just before it, the previous gradients of the set freed first (as
+    the call itself frees them, zero_grad(set_to_none=True)); and the bytes of the gradients it leaves."""
+    for t in set_tensors:
+        t.grad = None
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    forward_backward()
+    torch.cuda.synchronize()
+    peak_extra = torch.cuda.max_memory_allocated() - before
+    return peak_extra, sum(t.grad.numel() * t.grad.element_size() for t in set_tensors if t.grad is not None)
+
+
 def summary(medians, pooled):
     return (statistics.median(pooled), min(pooled), max(pooled)), spread(medians)
 
@@ -404,6 +458,7 @@ def measure(case, compiled, grouped_mm_alone, moe_fn=None):
             forward(sets[i]).backward(sets[i]["dout"])
 
         fwd_bwd(0)  # compiles and warms both directions
+        extra["peak_extra_bytes"], extra["grad_bytes"] = step_memory(list(sets[0].values()), lambda: fwd_bwd(0))
         subtract = None
         if op.endswith("_forward"):
             medians, pooled = time_rounds(fwd, len(sets), counts)
@@ -477,8 +532,9 @@ def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend
                   command=command or (f"python3 bench/compare/torch_bench.py {config_path} --mode "
                                       f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'"
                                       + (" --grouped-mm-alone" if grouped_mm_alone else "")))
-    if "grouped_mm_alone" in extra:
-        record["grouped_mm_alone"] = extra["grouped_mm_alone"]
+    for key in ("peak_extra_bytes", "grad_bytes", "grouped_mm_alone"):
+        if key in extra:
+            record[key] = extra[key]
     return record
 
 

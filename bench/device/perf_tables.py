@@ -7,16 +7,19 @@ a header (date, commit, device and versions, the command of the run), then one s
 command that reproduces it (run_all.sh and its steps) and its table:
 
   1. the MoE layer on the 12 SonicMoE shapes (sonicmoe_fig14.json): moekit, its cuBLAS baseline, SonicMoE run on
-     the same GPU, PyTorch eager and torch.compile, and the SonicMoE paper's H100 figure as a secondary reference;
+     the same GPU, PyTorch eager and torch.compile, the step memory of each (moekit's workspace + saved buffer,
+     the others' peak extra memory of one forward + backward), and the SonicMoE paper's H100 figure as a
+     secondary reference;
   2. the same shapes against SonicMoE by CUDA events and by GPU time (CUPTI sums: moekit-bench --breakdown,
      sonicmoe_bench.py --kernel-time), the table of bench/device/gpu_time_table.py;
-  3. the grouped GEMM at ~256 to ~1024 rows per expert (gemm_rows_per_expert.json) against dense cuBLASLt, the
+  3. the MoE layer at real-model shapes (models.json): the columns of 1 without the paper's, and the model;
+  4. the grouped GEMM at ~256 to ~1024 rows per expert (gemm_rows_per_expert.json) against dense cuBLASLt, the
      PyTorch code a user writes and torch._grouped_mm alone;
-  4. the grouped GEMMs of the layer shapes (gemm.json);
-  5. the sparse FFN (sparse_ffn.json) against the dense FFN of the same width;
-  6. the building blocks at the layer shape (blocks.json) against their roofline;
-  7. the reference backend on the CPU (reference_layer.json);
-  8. the smoke config's --check.
+  5. the grouped GEMMs of the layer shapes (gemm.json);
+  6. the sparse FFN (sparse_ffn.json) against the dense FFN of the same width;
+  7. the building blocks at the layer shape (blocks.json) against their roofline;
+  8. the reference backend on the CPU (reference_layer.json);
+  9. the smoke config's --check.
 
 A topic without results says so and keeps its command; configs of no topic follow in name order. Every ratio is
 other time / moekit time: > 1 means moekit is faster. Several files of the same config and tool merge by case
@@ -85,6 +88,17 @@ PYTORCH_LAYER_NOTE = (
     "eager / compile: the MoE layer as a PyTorch user writes it (router linear, top-k, softmax, a stable sort of the "
     "pairs, gather, torch._grouped_mm up- and down-projections, SwiGLU, index_add), eagerly and under torch.compile "
     "(bench/compare/torch_bench.py).")
+PYTORCH_MODELS_NOTE = (
+    " The gpt-oss-like case adds its biases (indexed by each row's expert) and computes SwiGLU-OAI on interleaved "
+    "gate and up rows; SonicMoE's layer computes neither (n/s).")
+MEMORY_NOTE = (
+    "step GiB: the device memory a forward + backward of the shape needs beyond its inputs, weights and dout (the "
+    "same for the fwd and bwd rows; GiB = 2^30 bytes). moekit: the plan's workspace + saved buffer "
+    "(workspace_bytes + saved_bytes of moekit-bench's record); the caller's gradient outputs (dx, dW) come on top. "
+    "{others}: the peak of torch.cuda.max_memory_allocated() during one untimed forward + backward after the "
+    "warm-up, over torch.cuda.memory_allocated() before it (peak_extra_bytes): saved activations, temporaries and "
+    "the gradients the backward allocates (grad_bytes of the record), so compare it with moekit's figure plus those. "
+    "'-': not in the result file (older tools, or a case that did not run).")
 GPU_TIME_NOTE = (
     "Every ratio is SonicMoE's time / moekit's (above 1: moekit is faster). Events: CUDA events per call, what a "
     "caller waits for (moekit-bench's C++ launches; SonicMoE's Python layer with its host gaps). GPU time: the "
@@ -121,6 +135,8 @@ TOPICS = (
       "torch-compile:sonicmoe_fig14")),
     ("gpu_time", "MoE layer against SonicMoE on the same GPU: events and GPU time", "sonicmoe_fig14",
      ("moekit:sonicmoe_fig14", "sonicmoe:sonicmoe_fig14")),
+    ("models", "MoE layer: real-model shapes", "models",
+     ("moekit:models", "sonicmoe:models", "torch-eager:models", "torch-compile:models")),
     ("grouped", "Grouped GEMM at ~256 to ~1024 rows per expert", "gemm_rows_per_expert",
      ("moekit:gemm_rows_per_expert", "torch-eager:gemm_rows_per_expert")),
     ("grouped", "Grouped GEMMs of the 12 layer shapes", "gemm", ("moekit:gemm", "torch-eager:gemm")),
@@ -180,6 +196,21 @@ def counts_text(record):
 def grouped_mm_alone(record):
     """The eager record's timing of torch._grouped_mm alone, or None."""
     return (record or {}).get("grouped_mm_alone") if median_us(record) is not None else None
+
+
+def gib(value):
+    return "-" if value is None else f"{value / 2 ** 30:.2f}"
+
+
+def moekit_step_bytes(record):
+    """The plan's workspace + saved buffer of a moekit-bench layer record, or None."""
+    sizes = [(record or {}).get(key) for key in ("workspace_bytes", "saved_bytes")]
+    return None if None in sizes else sum(sizes)
+
+
+def peak_extra_bytes(record):
+    """torch_bench.py's / sonicmoe_bench.py's peak extra memory of one forward + backward, or None."""
+    return (record or {}).get("peak_extra_bytes")
 
 
 def sonicmoe_h100(record):
@@ -336,6 +367,12 @@ def table(config, runs, kind):
         if tool == "eager" and alone:
             header += [f"grouped_mm {unit}", f"grouped_mm {rate_header}"] + (
                 ["moekit vs grouped_mm"] if mine_tool else [])
+    layer = kind in ("layer", "models")
+    if kind == "models":
+        header.insert(1, "model")
+    if layer:
+        header += ([f"{mine_label} step GiB"] if mine_tool else []) + [
+            f"{labels[tool]} step GiB" for tool in OTHERS if tool in record]
     h100 = kind == "layer"
     if h100:
         header.append(H100_FIGURE)
@@ -346,6 +383,9 @@ def table(config, runs, kind):
         mine = mine_records.get(name)
         graph = ((mine or {}).get("timing") or {}).get("graph") or (mine or {}).get("config", {}).get("graph")
         row = [name + (" (graph)" if kind == "blocks" and graph else "")]
+        if kind == "models":
+            row.append(next((r["config"]["note"] for r in (record[t].get(name) for t in record)
+                             if r and (r.get("config") or {}).get("note")), "-"))
         if mine_tool is not None:
             row += [time_cell(mine), rate(mine)]
             if kind == "blocks":
@@ -374,6 +414,9 @@ def table(config, runs, kind):
                     {"status": "ok", "time_us": timing["time_us"], "tflops": timing.get("tflops"), "gbps": None})]
                 if mine_tool:
                     row.append(ratio(median_us(mine), b))
+        if layer:
+            row += ([gib(moekit_step_bytes(mine))] if mine_tool else []) + [
+                gib(peak_extra_bytes(record[tool].get(name))) for tool in OTHERS if tool in record]
         if h100:
             figure = sonicmoe_h100(mine or next((record[t].get(name) for t in record if record[t].get(name)), None))
             row.append("-" if figure is None else ("" if figure[1] == QUOTED else "~") + str(figure[0]))
@@ -395,8 +438,11 @@ def table(config, runs, kind):
         check = "; ".join(f"{c['rows_over_2pct']} of {c['rows']} rows off by more than 2% "
                           f"({'passed' if c['passed'] else 'FAILED'})" for c in checks) or "not run"
         lines += ["", SONICMOE_MEASURED_NOTE.format(check=check)]
-    if kind == "layer" and ("eager" in record or "compile" in record):
-        lines += ["", PYTORCH_LAYER_NOTE]
+    if layer and ("eager" in record or "compile" in record):
+        lines += ["", PYTORCH_LAYER_NOTE + (PYTORCH_MODELS_NOTE if kind == "models" else "")]
+    if layer:
+        others = [labels[tool] for tool in OTHERS if tool in record]
+        lines += ["", MEMORY_NOTE.format(others=" / ".join(others) if others else "PyTorch, SonicMoE")]
     if h100:
         lines += ["", SONICMOE_H100_NOTE]
     if kind == "sparse":

@@ -62,8 +62,9 @@ sonicmoe_env="PYTHONPATH=$sonicmoe_path QUACK_CACHE_AUTOTUNING=1 QUACK_CACHE_DIR
 # step name | time limit (s) | command. The name is "tool:config"; perf_tables.py's topics name these steps. Order =
 # priority: moekit first, the reference backend, then PyTorch eager, torch.compile (its compile time, ~10-30 s per
 # shape, comes on top of the timed calls) and SonicMoE last (its tuning alone outlasts one run: see
-# docs/benchmark.md). The limits are about twice the costs estimated from the shapes and the configs' iteration
-# counts (docs/benchmark.md, "Reproducing the tables").
+# docs/benchmark.md); the real-model shapes (models.json) come after the other moekit steps, and after every other
+# PyTorch step. The limits are about twice the costs estimated from the shapes and the configs' iteration counts,
+# or measured (docs/benchmark.md, "Reproducing the tables").
 steps=(
   "moekit:smoke|60|$bench bench/configs/smoke.json --backend cuda --check --out $results/moekit_smoke.json"
   "moekit:sonicmoe_fig14|150|$bench bench/configs/sonicmoe_fig14.json --backend cuda --breakdown --out $results/moekit_sonicmoe_fig14.json"
@@ -71,6 +72,7 @@ steps=(
   "moekit:gemm_rows_per_expert|60|$bench bench/configs/gemm_rows_per_expert.json --backend cuda --out $results/moekit_gemm_rows_per_expert.json"
   "moekit:sparse_ffn|60|$bench bench/configs/sparse_ffn.json --backend cuda --out $results/moekit_sparse_ffn.json"
   "moekit:gemm|150|$bench bench/configs/gemm.json --backend cuda --out $results/moekit_gemm.json"
+  "moekit:models|60|$bench bench/configs/models.json --backend cuda --breakdown --out $results/moekit_models.json"
   "reference:reference_layer|120|$bench bench/configs/reference_layer.json --backend reference --out $results/reference_reference_layer.json"
   "torch-eager:sonicmoe_fig14|120|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode eager --out $results/torch-eager_sonicmoe_fig14.json"
   "torch-eager:gemm_rows_per_expert|60|$python bench/compare/torch_bench.py bench/configs/gemm_rows_per_expert.json --mode eager --grouped-mm-alone --out $results/torch-eager_gemm_rows_per_expert.json"
@@ -78,7 +80,10 @@ steps=(
   "torch-eager:gemm|150|$python bench/compare/torch_bench.py bench/configs/gemm.json --mode eager --out $results/torch-eager_gemm.json"
   "torch-compile:sonicmoe_fig14|240|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode compile --out $results/torch-compile_sonicmoe_fig14.json"
   "torch-compile:sparse_ffn|90|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode compile --out $results/torch-compile_sparse_ffn.json"
+  "torch-eager:models|60|$python bench/compare/torch_bench.py bench/configs/models.json --mode eager --out $results/torch-eager_models.json"
+  "torch-compile:models|120|$python bench/compare/torch_bench.py bench/configs/models.json --mode compile --out $results/torch-compile_models.json"
   "sonicmoe:sonicmoe_fig14|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/sonicmoe_fig14.json --kernel-time --out $results/sonicmoe_sonicmoe_fig14.json"
+  "sonicmoe:models|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/models.json --kernel-time --out $results/sonicmoe_models.json"
 )
 
 printf 'step\texit\tseconds\tlimit\n' >"$results/steps.tsv"

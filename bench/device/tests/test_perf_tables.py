@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """CTest bench_perf_tables: perf_tables.py on the hand-written fixtures here (moekit-bench's CUDA and reference
-schema, torch_bench.py's with and without --grouped-mm-alone, sonicmoe_bench.py's with --kernel-time), checked
-line by line and cell by cell: the header, the topics in their order with their commands, the tables, and
---update of a document's generated part."""
+schema, torch_bench.py's with and without --grouped-mm-alone and with and without its step memory, sonicmoe_bench.py's
+with --kernel-time), checked line by line and cell by cell: the header, the topics in their order with their
+commands, the tables (the real-model layer shapes and the step memory columns among them), and --update of a
+document's generated part."""
 import json
 import os
 import re
@@ -18,6 +19,8 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 import perf_tables  # noqa: E402
 
 FIG14 = ["moekit_fig14.json", "torch_eager_fig14.json", "torch_eager_fig14_rerun.json", "torch_compile_fig14.json"]
+# torch_compile_models.json is as an older torch_bench.py wrote it: no peak_extra_bytes.
+MODELS = ["moekit_models.json", "sonicmoe_models.json", "torch_eager_models.json", "torch_compile_models.json"]
 
 
 def fixture(name):
@@ -88,6 +91,9 @@ class Header(unittest.TestCase):
             self.assertIn("Not measured in this run.", section(self.text, title))
         self.assertIn("Not measured in this run (no SonicMoE results).",
                       section(self.text, "MoE layer against SonicMoE on the same GPU: events and GPU time"))
+        models = section(self.text, "MoE layer: real-model shapes")
+        self.assertIn("- step `torch-compile:models`: skipped (no time left)", models)
+        self.assertIn("Not measured in this run.", models)
 
     def test_every_topic_step_is_a_run_all_step(self):
         with open(RUN_ALL) as f:
@@ -125,8 +131,9 @@ class LayerTable(unittest.TestCase):
     def test_columns(self):
         self.assertEqual(self.columns, ["case", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
                                         "moekit vs cuBLAS", "eager ms", "eager TFLOP/s", "moekit vs eager",
-                                        "compile ms", "compile TFLOP/s", "moekit vs compile",
-                                        "SonicMoE paper H100 TFLOP/s", "moekit / paper H100"])
+                                        "compile ms", "compile TFLOP/s", "moekit vs compile", "moekit step GiB",
+                                        "eager step GiB", "compile step GiB", "SonicMoE paper H100 TFLOP/s",
+                                        "moekit / paper H100"])
         self.assertEqual(list(self.rows), ["moe_fwd_T32768_H4096_I1024_E128_K8", "moe_bwd_T32768_H4096_I1024_E128_K8",
                                            "moe_fwd_T40960_H768_I256_E128_K8"])
 
@@ -155,6 +162,18 @@ class LayerTable(unittest.TestCase):
         self.assertEqual(self.cell(failed, "moekit ms"), "failed")
         self.assertEqual(self.cell(failed, "moekit vs cuBLAS"), "-")
         self.assertEqual(self.cell(failed, "eager ms"), "not run")
+        self.assertEqual(self.cell(failed, "moekit step GiB"), "-")  # its record has no plan sizes
+
+    def test_step_memory(self):
+        fwd, bwd = "moe_fwd_T32768_H4096_I1024_E128_K8", "moe_bwd_T32768_H4096_I1024_E128_K8"
+        # workspace 1 MiB + saved 2 GiB, the same plan for both directions.
+        self.assertEqual(self.cell(fwd, "moekit step GiB"), "2.00")
+        self.assertEqual(self.cell(bwd, "moekit step GiB"), "2.00")
+        self.assertEqual(self.cell(fwd, "eager step GiB"), "10.00")  # peak_extra_bytes 10 GiB
+        self.assertEqual(self.cell(bwd, "eager step GiB"), "-")  # the re-run's record has no peak_extra_bytes
+        self.assertEqual(self.cell(fwd, "compile step GiB"), "-")  # not supported there
+        self.assertIn("step GiB: the device memory a forward + backward of the shape needs", self.text)
+        self.assertIn("eager / compile: the peak of torch.cuda.max_memory_allocated()", self.text)
 
     def test_paper_figure_is_a_labelled_secondary_column(self):
         self.assertEqual(self.cell("moe_fwd_T32768_H4096_I1024_E128_K8", "SonicMoE paper H100 TFLOP/s"), "557")
@@ -177,8 +196,8 @@ class SonicMoE(unittest.TestCase):
     def test_layer_columns_and_cells(self):
         columns, rows = parse_table(section(self.text, "MoE layer: the 12 SonicMoE shapes"))
         self.assertEqual(columns[6:], ["SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE", "eager ms",
-                                       "eager TFLOP/s", "moekit vs eager", "SonicMoE paper H100 TFLOP/s",
-                                       "moekit / paper H100"])
+                                       "eager TFLOP/s", "moekit vs eager", "moekit step GiB", "SonicMoE step GiB",
+                                       "eager step GiB", "SonicMoE paper H100 TFLOP/s", "moekit / paper H100"])
         self.assertEqual(rows["moe_fwd_T32768_H4096_I1024_E128_K8"][6:9], ["11.98", "551", "0.60"])  # 11.976 / 19.96
         self.assertIn("- Device: NVIDIA H200 (132 SMs, 1980 / 3201 MHz SM / memory clocks), driver 580.159.04 (CUDA "
                       "13.0 driver API), CUDA runtime 13.0; torch 2.11.0+cu130, sonic-moe 0.1.2.post1, quack-kernels "
@@ -193,6 +212,68 @@ class SonicMoE(unittest.TestCase):
         self.assertIn("| (32768, 4096, 1024, 128, 8) | 19960 | 11976 | 0.60 | 43120 | - | - | 20050 | 11500 | 0.57 "
                       "| - | - | - |", gpu)
         self.assertNotIn("needs moekit-bench --breakdown", gpu)
+
+
+class ModelsTable(unittest.TestCase):
+    """models.json: the layer table's columns without the paper's, the model of each case (its config's note), and
+    the step memory of every tool, "-" where a file (an older tool's) has none."""
+
+    @classmethod
+    def setUpClass(cls):
+        text = run(*map(fixture, MODELS + FIG14), "--steps", fixture("steps.tsv"))
+        cls.text = section(text, "MoE layer: real-model shapes")
+        cls.fig14 = section(text, "MoE layer: the 12 SonicMoE shapes")
+        cls.columns, cls.rows = parse_table(cls.text)
+
+    def cell(self, case, column):
+        return self.rows[case][self.columns.index(column)]
+
+    def test_columns_command_and_notes(self):
+        self.assertEqual(self.columns, ["case", "model", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
+                                        "moekit vs cuBLAS", "SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
+                                        "eager ms", "eager TFLOP/s", "moekit vs eager", "compile ms",
+                                        "compile TFLOP/s", "moekit vs compile", "moekit step GiB",
+                                        "SonicMoE step GiB", "eager step GiB", "compile step GiB"])
+        self.assertEqual(list(self.rows), ["moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
+                                           "moe_fwd_T16384_H2880_I2880_E32_K4"])
+        self.assertIn("`bash bench/device/run_all.sh DEST moekit:models sonicmoe:models torch-eager:models "
+                      "torch-compile:models` (config `bench/configs/models.json`). SonicMoE's steps need `bash "
+                      "bench/device/stage_sonicmoe.sh DEST` first.", self.text)
+        self.assertIn("- step `torch-compile:models`: skipped (no time left)", self.text)
+        self.assertIn("Ceilings measured by moekit-bench in this step: dense bf16 GEMM 807 TFLOP/s", self.text)
+        self.assertIn("The gpt-oss-like case adds its biases", self.text)
+        self.assertIn("SonicMoE / eager / compile: the peak of torch.cuda.max_memory_allocated()", self.text)
+        self.assertNotIn("paper", self.text)
+        self.assertNotIn("| model |", self.fig14)
+        self.assertNotIn("step `torch-compile:models`", self.fig14)
+
+    def test_cells(self):
+        qwen, qwen_bwd, oss = ("moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
+                               "moe_fwd_T16384_H2880_I2880_E32_K4")
+        self.assertEqual(self.cell(qwen, "model"), "Qwen3-30B-A3B-like")
+        self.assertEqual(self.cell(oss, "model"), "gpt-oss-20b-like (SwiGLU-OAI, biases)")
+        self.assertEqual(self.cell(qwen, "moekit ms"), "4.50")
+        self.assertEqual(self.cell(qwen, "moekit vs cuBLAS"), "0.80")
+        self.assertEqual(self.cell(qwen, "moekit vs SonicMoE"), "1.11")  # 5000 / 4501.49
+        self.assertEqual(self.cell(qwen, "moekit vs eager"), "2.60")  # 11690.96 / 4501.49
+        self.assertEqual(self.cell(qwen, "moekit vs compile"), "2.24")  # 10080.9 / 4501.49
+        self.assertEqual(self.cell(oss, "SonicMoE ms"), "n/s")
+        self.assertEqual(self.cell(oss, "compile ms"), "not run")
+        self.assertEqual(self.cell(qwen_bwd, "eager ms"), "not run")
+
+    def test_step_memory(self):
+        qwen, qwen_bwd, oss = ("moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
+                               "moe_fwd_T16384_H2880_I2880_E32_K4")
+        # moekit: (2310022400 + 818938880) / 2^30 = 2.914; (1524582912 + 757334528) / 2^30 = 2.126.
+        self.assertEqual(self.cell(qwen, "moekit step GiB"), "2.91")
+        self.assertEqual(self.cell(qwen_bwd, "moekit step GiB"), "2.91")
+        self.assertEqual(self.cell(oss, "moekit step GiB"), "2.13")
+        self.assertEqual(self.cell(qwen, "SonicMoE step GiB"), "4.00")
+        self.assertEqual(self.cell(oss, "SonicMoE step GiB"), "-")  # not supported
+        self.assertEqual(self.cell(qwen, "eager step GiB"), "6.63")  # 7121928704 / 2^30
+        self.assertEqual(self.cell(oss, "eager step GiB"), "4.31")  # 4626842112 / 2^30
+        self.assertEqual(self.cell(qwen_bwd, "eager step GiB"), "-")  # not run
+        self.assertEqual(self.cell(qwen, "compile step GiB"), "-")  # an older torch_bench.py's file
 
 
 class GroupedGemmTable(unittest.TestCase):
@@ -236,6 +317,7 @@ class GroupedGemmTable(unittest.TestCase):
         layer = section(self.text, "MoE layer: the 12 SonicMoE shapes")
         self.assertNotIn("grouped_mm", layer)
         self.assertNotIn("rows/expert", layer)
+        self.assertNotIn("step GiB", self.grouped)
 
 
 class BlocksReferenceSmoke(unittest.TestCase):
