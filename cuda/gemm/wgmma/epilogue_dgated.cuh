@@ -1,0 +1,131 @@
+// The wgmma grouped GEMM's DGATED epilogue (grouped_gemm_wgmma_kernel.cuh, the DGATED instantiation), by the
+// consumer threads: per 64-column chunk, a consumer's product dA through its staging rows (epilogue_staged.cuh) and
+// h's values from the ring entry the producer loaded for the chunk (load_dgated_h) into gemm_tile_parts.cuh's
+// epilogue_dgated_from_h (dh and a' stored), and each row's dA . a summed into the score gradient's partials.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda/common/activation.cuh"
+#include "cuda/gemm/gemm_tile_parts.cuh"
+#include "cuda/gemm/grouped_gemm.h"
+#include "cuda/gemm/wgmma/epilogue_staged.cuh"
+#include "cuda/gemm/wgmma/pipeline.cuh"
+#include "cuda/gemm/wgmma/tile_config.cuh"
+#include "cuda/gemm/wgmma/tile_scheduler.cuh"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+namespace gemm {
+
+// Value i of a 4-value register array for an index known at run time only (a dynamic index would put the array in
+// local memory).
+__device__ __forceinline__ float pick(const float (&values)[4], int i) {
+  return i == 0 ? values[0] : i == 1 ? values[1] : i == 2 ? values[2] : values[3];
+}
+
+// h's values of activation columns 8 item..+7 of tile row `row` from the two boxes of a DGATED epilogue entry (their
+// generic addresses), as load_glu8 / load8 read them from global memory.
+template <class T>
+__device__ __forceinline__ void load_h_from_boxes(const unsigned char* box0, const unsigned char* box1, int row,
+                                                  int item, bool gated, bool interleaved, float (&g)[8],
+                                                  float (&u)[8]) {
+  const auto at = [&](const unsigned char* box, int chunk) {
+    return reinterpret_cast<const T*>(box + kmajor_offset(row, chunk));
+  };
+  if (!gated) {
+    load8(at(box0, item), g);
+  } else if (!interleaved) {
+    load8(at(box0, item), g);
+    load8(at(box1, item), u);
+  } else {
+    // Activation columns 8 item.. are h columns 16 item.. of the chunk's 128: box item / 4, chunks 2 (item % 4)..
+    const unsigned char* box = item < 4 ? box0 : box1;
+    float lo[8], hi[8];
+    load8(at(box, 2 * (item % 4)), lo);
+    load8(at(box, 2 * (item % 4) + 1), hi);
+    split_interleaved(lo, hi, g, u);
+  }
+}
+
+// DGATED: the score scales of this thread's rows of the tile (rows wg_tid / 8 + 16 pass from `first_row`), once per
+// tile; rows past the group keep 0.
+__device__ __forceinline__ void load_dgated_row_scales(const GroupedGemmProblem& p, const WgmmaTile& t,
+                                                       int64_t first_row, int wg_tid, float (&row_scales)[64 / 16]) {
+#pragma unroll
+  for (int pass = 0; pass < 64 / 16; ++pass) {
+    const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+    if (r < t.m_end) row_scales[pass] = p.row_scale[p.pair_idx[r]];
+  }
+}
+
+// DGATED: this thread's rows' dA . a over the tile's columns into the score gradient's partials (one per row and
+// column tile), by the first of each row's 8 lanes.
+__device__ __forceinline__ void store_dgated_row_dots(const GroupedGemmProblem& p, const WgmmaTile& t,
+                                                      int64_t first_row, int wg_tid, const float (&row_dots)[64 / 16]) {
+#pragma unroll
+  for (int pass = 0; pass < 64 / 16; ++pass) {
+    const int64_t r = first_row + wg_tid / 8 + 16 * pass;
+    if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
+  }
+}
+
+// DGATED's chunk loop, one consumer's 64 rows of tile t from `first_row` after its main loop, thread `item` (of 8)
+// of each of its rows: `it` is the consumer's place in the ring, at the tile's first h entry, and each chunk's
+// entry is released once read. row_dots gathers the dA . a of each of this thread's rows over the tile's columns:
+// per chunk the 8 lanes of a row sum theirs by a fixed butterfly, then the chunks add in order; row_scales holds the
+// rows' score scales (load_dgated_row_scales). SwigluConcat: the MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1).
+// NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation code
+// overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled). The MoE
+// layer's DGATED has its own copy of the loop that branches on none of them: this epilogue is issue-bound (~10 us
+// per tile, the SMs' warps idle under it but two per scheduler).
+template <class T, class Cfg, bool SwigluConcat>
+__device__ __forceinline__ void dgated_chunks(const GroupedGemmProblem& p, const DeviceActivation& act,
+                                              const float (&acc)[Cfg::bn / 2], float* staging,
+                                              const unsigned char* shared, uint32_t smem, uint32_t smem_a,
+                                              uint32_t smem_b, const PipelineBarriers<Cfg::stages>& ring,
+                                              PipelineState<Cfg::stages>& it, bool paired, const WgmmaTile& t,
+                                              int64_t first_row, bool interleaved, int item, int consumer,
+                                              int wg_tid, float (&row_dots)[64 / 16],
+                                              const float (&row_scales)[64 / 16]) {
+  const int64_t n0 = t.n_tile * Cfg::bn;
+#pragma unroll 1
+  for (int chunk = 0; chunk < Cfg::bn / Cfg::chunk_columns; ++chunk) {
+    stage_chunk_synced<Cfg>(acc, chunk, false, interleaved, staging, consumer, wg_tid);
+    // The chunk's h values: the ring entry the producer loaded after the tile's slices (load_dgated_h).
+    // NOTE: the wait spelt out, the barrier's address formed before the parity: through
+    // PipelineBarriers::wait_full, which forms them the other way round, this loop compiled to other machine code.
+    const uint32_t slot = it.index();
+    mbarrier_wait(ring.full(slot), it.phase());
+    const unsigned char* box0 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 0) - smem);
+    const unsigned char* box1 = shared + (dgated_h_box<Cfg>(smem_a, smem_b, slot, 1) - smem);
+    // Every lane takes part in the shuffles, rows past the group included.
+#pragma unroll 1
+    for (int pass = 0; pass < 64 / 16; ++pass) {
+      const int row = wg_tid / 8 + 16 * pass;
+      const int64_t r = first_row + row, j = n0 + Cfg::chunk_columns * chunk + 8 * item;
+      float dot = 0.0f;
+      if (r < t.m_end && j < p.n) {
+        float g[8], u[8];
+        load_h_from_boxes<T>(box0, box1, 64 * consumer + row, item, SwigluConcat || is_gated_activation(act.kind),
+                             !SwigluConcat && interleaved, g, u);
+        dot = epilogue_dgated_from_h<T, SwigluConcat>(p, act, staging + row * Cfg::staging_pitch + 8 * item, g, u, r,
+                                                      j, pick(row_scales, pass));
+      }
+#pragma unroll
+      for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+#pragma unroll
+      for (int q = 0; q < 64 / 16; ++q)
+        if (q == pass) row_dots[q] += dot;
+    }
+    ring.release(slot, paired, wg_tid);
+    it.advance();
+  }
+}
+
+}  // namespace gemm
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
