@@ -284,6 +284,8 @@ GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, const Gem
   for (int i = 0; i < config.count; ++i) pad = pad || config.variants[i].kernel.pad_tile_pairs;
   GemmWorkspaceLayout layout{};
   layout.n_tiles = ceil_div(gemm_shape(d).n, t.bn);
+  // NOTE: one partial per 64-column chunk, not per tile, so the score gradient's sum does not depend on the tile.
+  layout.ds_chunks = ceil_div(gemm_shape(d).n, 64);
   size_t offset = 0;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
     // Each non-empty group adds at most one partial tile to ceil(rows / bm), at most min(E, rows) groups are
@@ -299,7 +301,7 @@ GemmWorkspaceLayout gemm_workspace_layout(const moekit_gemm_desc_t& d, const Gem
     if (d.epilogue == MOEKIT_EPILOGUE_DGATED) {
       layout.ds_partials = offset;
       offset += align_to_sections(sizeof(float) * static_cast<size_t>(d.max_rows) *
-                                  static_cast<size_t>(layout.n_tiles));
+                                  static_cast<size_t>(layout.ds_chunks));
     }
   }
   layout.bytes = offset;

@@ -84,7 +84,8 @@ struct GemmWorkspaceLayout {
   size_t tile_count;    // int32 [1]: the row tiles of this call (varlen M)
   size_t tile_starts;   // int32 [E+1]: each group's first row tile (varlen M)
   size_t tile_list;     // int4 [m_tiles]: (group, first row, end row, 0) of every row tile (varlen M)
-  size_t ds_partials;   // fp32 [max_rows, n_tiles]: DGATED's per-tile row dots dA . a
+  int64_t ds_chunks;    // DGATED: 64-column chunks of the product, ds_partials' columns
+  size_t ds_partials;   // fp32 [max_rows, ds_chunks]: DGATED's row dots dA . a, one per 64-column chunk
   size_t bytes;
 };
 // A plan's configuration: variants in order of preference; a call runs the first whose requirements it meets. The

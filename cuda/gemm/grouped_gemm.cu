@@ -99,15 +99,15 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
   }
 }
 
-// dscores[pair_idx[r]] = sum over column tiles (ascending) of ds_partials[r, tile], for every grouped row.
+// dscores[pair_idx[r]] = sum over 64-column chunks (ascending) of ds_partials[r, chunk], for every grouped row.
 __global__ void sum_row_dots_kernel(const int32_t* offsets, int64_t groups, int64_t rows, const float* partials,
-                                    int64_t n_tiles, const int32_t* pair_idx, float* dscores) {
+                                    int64_t chunks, const int32_t* pair_idx, float* dscores) {
   const int64_t end = min(max(static_cast<int64_t>(offsets[groups]), int64_t{0}), rows);
   const int64_t begin = min(max(static_cast<int64_t>(offsets[0]), int64_t{0}), end);
   const int64_t r = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= end) return;
   float sum = 0.0f;
-  for (int64_t t = 0; t < n_tiles; ++t) sum += partials[r * n_tiles + t];
+  for (int64_t c = 0; c < chunks; ++c) sum += partials[r * chunks + c];
   dscores[pair_idx[r]] = sum;
 }
 
@@ -190,6 +190,7 @@ void run_grouped_gemm(GroupedGemmProblem p, const GemmKernel& kernel, const Gemm
   auto* base = static_cast<unsigned char*>(workspace);
   p.m_tiles = layout.m_tiles;
   p.n_tiles = layout.n_tiles;
+  p.ds_chunks = layout.ds_chunks;
   if (varlen_m) {
     p.tile_count = reinterpret_cast<int32_t*>(base + layout.tile_count);
     p.tile_starts = reinterpret_cast<int32_t*>(base + layout.tile_starts);
@@ -213,7 +214,7 @@ void run_grouped_gemm(GroupedGemmProblem p, const GemmKernel& kernel, const Gemm
   if (varlen_m && p.epilogue == MOEKIT_EPILOGUE_DGATED && p.rows > 0) {
     constexpr int threads = 256;
     const auto blocks = static_cast<unsigned>((p.rows + threads - 1) / threads);
-    sum_row_dots_kernel<<<blocks, threads, 0, stream>>>(p.offsets, p.groups, p.rows, p.ds_partials, p.n_tiles,
+    sum_row_dots_kernel<<<blocks, threads, 0, stream>>>(p.offsets, p.groups, p.rows, p.ds_partials, p.ds_chunks,
                                                         p.pair_idx, p.dscores);
     check_launch("grouped GEMM: row dots");
   }

@@ -74,6 +74,7 @@ struct GroupedGemmProblem {
   int32_t* tile_count;
   int32_t* tile_starts;
   int32_t* tile_list;  // int4 entries
+  int64_t ds_chunks;  // DGATED: 64-column chunks of the product (ds_partials' columns)
   float* ds_partials;
 };
 

@@ -373,10 +373,11 @@ __global__ void __launch_bounds__(Cfg::threads, 1) grouped_gemm_kernel(const Gro
           const float scale = p.row_scale[p.pair_idx[r]];
           dot = epilogue_dgated<T>(p, act, line + 8 * item, r, j, scale);
         }
+        // Per 64-column chunk (8 lanes), the same butterfly as the wgmma kernel's: one partial per chunk, so the
+        // score gradient's sum does not depend on the tile.
 #pragma unroll
-        for (int offset = 16; offset >= 1; offset /= 2)
-          if (offset < items_per_row) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        if (row_ok && item == 0) p.ds_partials[r * p.n_tiles + n_tile] = dot;
+        for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if (row_ok && item % 8 == 0 && j < p.n) p.ds_partials[r * p.ds_chunks + j / 64] = dot;
       } else if (!row_ok) {
         continue;
       } else if (split_glu) {

@@ -198,22 +198,21 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
       // ---- Epilogue by the threads: 64-column chunks through the staging rows ----
       if constexpr (dgated) {
-        // The dA . a of each of this thread's rows over the tile's columns (row_dots), with the rows' score scales
-        // read once per tile. NOTE: this choice between dgated_chunks' two copies, and `item`, stay in the kernel
-        // body: moved into a function of their own, they compiled to other machine code.
+        // The dA . a of each of this thread's rows per 64-column chunk, with the rows' score scales read once per
+        // tile. NOTE: this choice between dgated_chunks' two copies, and `item`, stay in the kernel body: moved into
+        // a function of their own, they compiled to other machine code.
         const int item = wg_tid % 8;
-        float row_dots[64 / 16] = {}, row_scales[64 / 16] = {};
+        float row_scales[64 / 16] = {};
         load_dgated_row_scales(p, t, first_row, wg_tid, row_scales);
         const auto chunks = [&](auto swiglu_concat) {
           dgated_chunks<T, Cfg, decltype(swiglu_concat)::value>(p, act, acc, staging, shared, smem, smem_a, smem_b,
                                                                 ring, it, paired, t, first_row, interleaved, item,
-                                                                consumer, wg_tid, row_dots, row_scales);
+                                                                consumer, wg_tid, row_scales);
         };
         if (act.kind == MOEKIT_ACT_SWIGLU && !interleaved && p.alpha == 1.0f)
           chunks(std::true_type{});
         else
           chunks(std::false_type{});
-        if (item == 0) store_dgated_row_dots(p, t, first_row, wg_tid, row_dots);
       } else {
         store_tile_by_threads<T, Cfg, varlen_k, gated>(p, act, acc, staging, t, first_row, split_glu, interleaved,
                                                        consumer, wg_tid);

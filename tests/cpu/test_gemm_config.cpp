@@ -129,9 +129,9 @@ bool same_kernel(const GemmKernel& x, const GemmKernel& y) {
 }
 
 bool same_layout(const GemmWorkspaceLayout& x, const GemmWorkspaceLayout& y) {
-  return x.m_tiles == y.m_tiles && x.n_tiles == y.n_tiles && x.tile_count == y.tile_count &&
-         x.tile_starts == y.tile_starts && x.tile_list == y.tile_list && x.ds_partials == y.ds_partials &&
-         x.bytes == y.bytes;
+  return x.m_tiles == y.m_tiles && x.n_tiles == y.n_tiles && x.ds_chunks == y.ds_chunks &&
+         x.tile_count == y.tile_count && x.tile_starts == y.tile_starts && x.tile_list == y.tile_list &&
+         x.ds_partials == y.ds_partials && x.bytes == y.bytes;
 }
 
 // What every configuration holds, whatever the problem: 1 to 3 variants, each but the last requiring some fact and
@@ -401,7 +401,9 @@ TEST_CASE("gemm config: the workspace holds every row tile and every DGATED part
       CHECK(layout.n_tiles == (1024 + bn - 1) / bn);
       CHECK(layout.tile_list % 256 == 0);
       CHECK(layout.ds_partials % 256 == 0);
-      CHECK(layout.bytes >= layout.ds_partials + 4 * static_cast<size_t>((131072 + 77) * layout.n_tiles));
+      // One partial per row and 64-column chunk of the 1024-wide product, whatever the tile.
+      CHECK(layout.ds_chunks == 1024 / 64);
+      CHECK(layout.bytes >= layout.ds_partials + 4 * static_cast<size_t>((131072 + 77) * layout.ds_chunks));
       CHECK(layout.bytes >= layout.tile_list + 16 * static_cast<size_t>(layout.m_tiles));
       // varlen K needs no workspace, paired or not.
       CHECK(config(desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, 0, 8, 4096, 512, 256), env).workspace.bytes == 0);

@@ -61,22 +61,12 @@ __device__ __forceinline__ void load_dgated_row_scales(const GroupedGemmProblem&
   }
 }
 
-// DGATED: this thread's rows' dA . a over the tile's columns into the score gradient's partials (one per row and
-// column tile), by the first of each row's 8 lanes.
-__device__ __forceinline__ void store_dgated_row_dots(const GroupedGemmProblem& p, const WgmmaTile& t,
-                                                      int64_t first_row, int wg_tid, const float (&row_dots)[64 / 16]) {
-#pragma unroll
-  for (int pass = 0; pass < 64 / 16; ++pass) {
-    const int64_t r = first_row + wg_tid / 8 + 16 * pass;
-    if (r < t.m_end) p.ds_partials[r * p.n_tiles + t.n_tile] = row_dots[pass];
-  }
-}
-
 // DGATED's chunk loop, one consumer's 64 rows of tile t from `first_row` after its main loop, thread `item` (of 8)
 // of each of its rows: `it` is the consumer's place in the ring, at the tile's first h entry, and each chunk's
-// entry is released once read. row_dots gathers the dA . a of each of this thread's rows over the tile's columns:
-// per chunk the 8 lanes of a row sum theirs by a fixed butterfly, then the chunks add in order; row_scales holds the
-// rows' score scales (load_dgated_row_scales). SwigluConcat: the MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1).
+// entry is released once read. Per chunk the 8 lanes of a row sum their dA . a by a fixed butterfly and the first
+// stores it as the row's partial of that 64-column chunk (sum_row_dots_kernel adds the chunks in order, so the score
+// gradient does not depend on the tile); row_scales holds the rows' score scales (load_dgated_row_scales).
+// SwigluConcat: the MoE layer's DGATED (SwiGLU, CONCAT, alpha = 1).
 // NOTE: neither the chunks nor the row passes are unrolled: unrolled, the copies of DGATED's activation code
 // overflowed the instruction cache (ncu: 70% of the epilogue's stalls were no_inst; x1.22-1.38 rolled). The MoE
 // layer's DGATED has its own copy of the loop that branches on none of them: this epilogue is issue-bound (~10 us
@@ -88,8 +78,7 @@ __device__ __forceinline__ void dgated_chunks(const GroupedGemmProblem& p, const
                                               uint32_t smem_b, const PipelineBarriers<Cfg::stages>& ring,
                                               PipelineState<Cfg::stages>& it, bool paired, const WgmmaTile& t,
                                               int64_t first_row, bool interleaved, int item, int consumer,
-                                              int wg_tid, float (&row_dots)[64 / 16],
-                                              const float (&row_scales)[64 / 16]) {
+                                              int wg_tid, const float (&row_scales)[64 / 16]) {
   const int64_t n0 = t.n_tile * Cfg::bn;
 #pragma unroll 1
   for (int chunk = 0; chunk < Cfg::bn / Cfg::chunk_columns; ++chunk) {
@@ -116,9 +105,7 @@ __device__ __forceinline__ void dgated_chunks(const GroupedGemmProblem& p, const
       }
 #pragma unroll
       for (int offset = 4; offset >= 1; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-#pragma unroll
-      for (int q = 0; q < 64 / 16; ++q)
-        if (q == pass) row_dots[q] += dot;
+      if (item == 0 && r < t.m_end && j < p.n) p.ds_partials[r * p.ds_chunks + j / Cfg::chunk_columns] = dot;
     }
     ring.release(slot, paired, wg_tid);
     it.advance();
