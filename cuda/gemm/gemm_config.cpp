@@ -256,7 +256,10 @@ bool wgmma_capable(const moekit_gemm_desc_t& d, const GemmDevice& device) {
   if (device.cc_major != 9 || device.cc_minor != 0 || !dtype) return false;
   // varlen K: TMA and the cp.async copies zero-fill past m and n, so any shape the planner takes.
   if (d.mode == MOEKIT_GEMM_VARLEN_K) return d.epilogue == MOEKIT_EPILOGUE_STORE;
-  return d.mode == MOEKIT_GEMM_VARLEN_M && epilogue && d.k > 0 && d.k % 64 == 0 && gemm_shape(d).n % 64 == 0;
+  // varlen M: k and n multiples of 8 (plan_grouped_gemm's rule); the last slice's k tail and the last tile's columns
+  // past n are zero-filled (TMA for the operands it loads, zero-sized cp.async copies for gathered rows) and never
+  // stored.
+  return d.mode == MOEKIT_GEMM_VARLEN_M && epilogue && d.k > 0;
 }
 
 GemmConfig choose_gemm_config(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env) {

@@ -135,8 +135,8 @@ GemmShape gemm_shape(const moekit_gemm_desc_t& desc);
 GemmTile choose_gemm_tile(const GemmShape& shape, int sm_count);
 
 // Whether the wgmma kernel can run the problem, on a device of compute capability 9.0 with bf16 / fp16 operands:
-// varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n] and STORE / BIAS / DGATED, k a positive multiple
-// of 64, the product's width (gemm_shape's n: DGATED's activation width) a multiple of 64; or varlen K (STORE).
+// varlen M with B [E, n, k] and STORE / BIAS / GATED or B [E, k, n] and STORE / BIAS / DGATED, k > 0 (k and n
+// multiples of 8, as every CUDA grouped GEMM needs); or varlen K (STORE).
 bool wgmma_capable(const moekit_gemm_desc_t& desc, const GemmDevice& device);
 
 // The configuration of a validated descriptor (capi/ and plan_grouped_gemm have checked what the kernels need).

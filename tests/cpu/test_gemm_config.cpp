@@ -443,12 +443,12 @@ TEST_CASE("gemm config: the wgmma kernel takes only the varlen-M shapes it was w
   down.k = 1024;
   CHECK(path_of(config(down)) == "wgmma");
   moekit_gemm_desc_t other = up;
-  other.k = 4104;  // a multiple of 8, not of 64
-  CHECK_FALSE(wgmma_capable(other, kH200));
-  CHECK(path_of(config(other)) == "mma");
+  other.k = 4104;  // a multiple of 8, not of 64: the last slice's tail is zero-filled
+  CHECK(wgmma_capable(other, kH200));
+  CHECK(path_of(config(other)) == "wgmma_pair");  // GATED at k >= 4096
   other = up;
-  other.n = 2056;
-  CHECK(path_of(config(other)) == "mma");
+  other.n = 2056;  // the last column tile's columns past n are zero-filled and never stored
+  CHECK(path_of(config(other)) == "wgmma_pair");
   other = up;
   other.b_layout = MOEKIT_GEMM_B_KN;  // GATED pairs the columns of a K-major B only
   CHECK(path_of(config(other)) == "mma");
@@ -462,14 +462,14 @@ TEST_CASE("gemm config: the wgmma kernel takes only the varlen-M shapes it was w
   CHECK_FALSE(wgmma_capable(dgated, sm80));
   CHECK(path_of(config(dgated, {}, sm80)) == "mma");
   dgated.n = 2 * 1000;  // I = 1000: a multiple of 8, not of 64
-  CHECK_FALSE(wgmma_capable(dgated, kH200));
-  CHECK(path_of(config(dgated)) == "mma");
+  CHECK(wgmma_capable(dgated, kH200));
+  CHECK(path_of(config(dgated)) == "wgmma_pair");
   moekit_gemm_desc_t dxe = down;  // dxe = dh W1, W1 [E, 2I, H] as [k = 2I, n = H]
   dxe.b_layout = MOEKIT_GEMM_B_KN;
   dxe.epilogue = MOEKIT_EPILOGUE_STORE;
   CHECK(path_of(config(dxe)) == "wgmma");
   dxe.n = 4104;
-  CHECK(path_of(config(dxe)) == "mma");
+  CHECK(path_of(config(dxe)) == "wgmma");
   other = up;
   other.dtype = MOEKIT_DTYPE_FP32;
   other.out_dtype = MOEKIT_DTYPE_FP32;
@@ -492,7 +492,7 @@ TEST_CASE("gemm config: the wgmma kernel takes only the varlen-M shapes it was w
 
   // A problem the wgmma kernel cannot run is the one mma.sync kernel, whatever a call's facts.
   other = up;
-  other.k = 4104;
+  other.b_layout = MOEKIT_GEMM_B_KN;
   const GemmConfig mma = config(other);
   CHECK(mma.count == 1);
   CHECK(mma.variants[0].kernel.path == GemmPath::mma_sync);

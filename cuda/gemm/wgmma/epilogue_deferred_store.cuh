@@ -50,7 +50,8 @@ struct DeferredStore {
                                        const float (&acc)[Cfg::bn / 2], const WgmmaTile& t, unsigned char* buffers,
                                        int consumer, int wg_tid) {
     const int64_t n0 = t.n_tile * Cfg::bn;
-    boxes = static_cast<int>(min(p.n - n0, static_cast<int64_t>(Cfg::bn)) / 64);
+    // The last column tile's partial box too (its columns past n clipped by the map).
+    boxes = static_cast<int>((min(p.n - n0, static_cast<int64_t>(Cfg::bn)) + 63) / 64);
     x0 = static_cast<int32_t>(n0);
     y = static_cast<int32_t>(t.m0 + 64 * consumer);
 #pragma unroll

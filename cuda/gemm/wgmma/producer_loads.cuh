@@ -253,10 +253,12 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
       load_b(slot, full, k0);
     }
     const uint32_t a_slot = smem_a + slot * Cfg::a_stage_bytes;
+    // k's tail (a multiple of 8): the chunks past k are zero-filled, as TMA fills B's.
+    const uint32_t live = k0 + 8 * chunk < p.k ? inside : 0u;
 #pragma unroll
     for (int i = 0; i < BM / 16; ++i) {
       const int row = wg_tid / 8 + 16 * i;
-      cp_async_16(a_slot + kmajor_offset(row, chunk), rows[i] + k0, (inside >> i) & 1u);
+      cp_async_16(a_slot + kmajor_offset(row, chunk), rows[i] + k0, (live >> i) & 1u);
     }
     mbarrier_arrive_on_cp_async(full);
   }

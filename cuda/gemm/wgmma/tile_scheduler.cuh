@@ -82,7 +82,7 @@ struct WgmmaTileWalk {
 
   // Reduction slices of a tile: varlen M the whole k; varlen K the group's rows (none for an empty group).
   __device__ __forceinline__ int64_t slices(const WgmmaTile& t) const {
-    return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : p.k / BK;
+    return varlen_k ? (t.row_end - t.row_begin + BK - 1) / BK : (p.k + BK - 1) / BK;
   }
 };
 
