@@ -1,9 +1,9 @@
 """moekit from PyTorch through ctypes (no compiled extension): libmoekit.so's MoE layer and group-sparse SwiGLU FFN
 as differentiable functions and nn.Modules, on CPU tensors (reference backend) and CUDA tensors (CUDA backend).
 
-    import moekit_torch
-    layer = moekit_torch.MoELayer(hidden=1024, intermediate=512, experts=32, top_k=4, device="cuda",
-                                  dtype=torch.bfloat16)
+    import moekit
+    layer = moekit.MoELayer(hidden=1024, intermediate=512, experts=32, top_k=4, device="cuda",
+                            dtype=torch.bfloat16)
     out = layer(x)          # x [..., 1024]
     out.sum().backward()    # gradients of x, the router and the experts
 

@@ -2,7 +2,7 @@
 
 Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
 MOEKIT_LIBRARY environment variable, or the loader's search path (ldconfig, LD_LIBRARY_PATH) by its SONAME. The
-structs below mirror the header field for field; tests/test_moekit_torch.py checks their sizes against
+structs below mirror the header field for field; examples/python/test_moekit.py checks their sizes against
 tests/abi/layout_lp64.txt, and every struct is filled by the library's own *_init function, which then must have
 written the struct_size ctypes expects (checked at each call).
 """
