@@ -2,9 +2,10 @@
 
 Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
 MOEKIT_LIBRARY environment variable, the copy installed beside this file (a wheel's), or the loader's search path
-(ldconfig, LD_LIBRARY_PATH) by its SONAME. The structs below mirror the header field for field; examples/python/test_moekit.py checks their sizes against
-tests/abi/layout_lp64.txt, and every struct is filled by the library's own *_init function, which then must have
-written the struct_size ctypes expects (checked at each call).
+(ldconfig, LD_LIBRARY_PATH) by its SONAME. The structs below mirror the header field for field;
+examples/python/test_moekit.py checks their sizes against tests/abi/layout_lp64.txt, and every struct is filled by
+the library's own *_init function, which then must have written the struct_size ctypes expects (checked at each
+call).
 """
 import ctypes
 import os
