@@ -1,6 +1,7 @@
 """moekit on CPU tensors (moekit's reference backend), against the plain-PyTorch layers:
 
-    MOEKIT_LIBRARY=build/libmoekit.so python3 examples/python/test_moekit.py
+    MOEKIT_LIBRARY=build/libmoekit.so python3 examples/python/test_moekit.py   # the package of the source tree
+    python3 -P examples/python/test_moekit.py                                   # the installed package (a wheel)
 
 Forward and every gradient (x, router, experts) of the MoE layer and the sparse SwiGLU FFN in fp64, fp32 and bf16; the
 nn.Modules; no_grad inference; errors carrying the library's message; the ctypes structs' sizes; and, where torch
@@ -18,7 +19,8 @@ except ImportError as error:
     print("test_moekit: torch cannot be imported (%s): skipped" % error)
     sys.exit(77)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# Appended for layer_checks: with -P (no script folder first on the path), an installed moekit comes before this one.
+sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 import layer_checks  # noqa: E402
 import moekit  # noqa: E402
 from moekit import _capi  # noqa: E402
@@ -119,6 +121,6 @@ class CustomOps(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    library = os.environ.get("MOEKIT_LIBRARY", _capi.SONAME)
-    print("test_moekit: torch %s, library %s" % (torch.__version__, library))
+    print("test_moekit: torch %s, moekit %s, library %s"
+          % (torch.__version__, os.path.dirname(moekit.__file__), moekit.library_path()))
     unittest.main(verbosity=2)
