@@ -4,7 +4,7 @@
 
 The wheel holds the package and one library, nothing else; `import moekit` loads the library installed beside the
 package, compiles nothing and imports no torch; the metadata names the CUDA target; a CUDA handle from this
-reference-only build is refused with the build's note; and an MoE layer forward on the reference backend, in fp64
+reference-only build is refused with the build's note (and a CUDA build's note names its target); and an MoE layer forward on the reference backend, in fp64
 through the package's ctypes bindings, matches the layer worked out here in plain Python (docs/math.md section 3:
 softmax over the top-k router logits, SwiGLU experts).
 """
@@ -13,6 +13,7 @@ import importlib.metadata
 import math
 import os
 import sys
+import types
 import zipfile
 
 import moekit
@@ -56,6 +57,18 @@ def check_cuda_refused():
         assert "built without the CUDA backend" in str(error), str(error)
     else:
         raise AssertionError("a reference-only build made a CUDA handle")
+
+
+def check_cuda_note_of_a_cuda_build():
+    """The note a CUDA build of the wheel adds, from its build info (this build has none to show)."""
+    built = _capi._build_info
+    _capi._build_info = types.SimpleNamespace(VERSION=built.VERSION, CUDA=True, CUDA_ARCHITECTURES="90a",
+                                              CUDA_VERSION="13.0")
+    try:
+        note = _capi.cuda_build_note()
+    finally:
+        _capi._build_info = built
+    assert "built for sm_90a with CUDA 13.0" in note, note
 
 
 def view(values, shape, ctype=ctypes.c_double, dtype=_capi.DTYPE_FP64):
@@ -131,6 +144,7 @@ def main(wheel):
     check_wheel_contents(wheel)
     check_import()
     check_cuda_refused()
+    check_cuda_note_of_a_cuda_build()
     got, want = moe_forward_through_moekit(), moe_forward_in_python()
     for t in range(T):
         for h in range(H):

@@ -219,10 +219,10 @@ def cuda_build_note():
     if _build_info is None or _lib_path != BUNDLED:
         return ""
     if not _build_info.CUDA:
-        return ("this moekit was built without the CUDA backend (nvcc was not found when it was built); install it "
-                "again from source with nvcc on PATH for CUDA tensors")
+        return ("this moekit was built without the CUDA backend (no nvcc, or MOEKIT_CUDA=OFF); for CUDA tensors, "
+                "install it again from source with nvcc on PATH")
     targets = ", ".join("sm_" + arch for arch in _build_info.CUDA_ARCHITECTURES.split(";"))
-    return ("this moekit's CUDA backend is built for %s (CUDA %s): Hopper GPUs, compute capability 9.0 "
+    return ("this moekit's CUDA backend is built for %s with CUDA %s: Hopper GPUs, compute capability 9.0 "
             "(H100, H200)" % (targets, _build_info.CUDA_VERSION))
 
 
@@ -271,7 +271,7 @@ def create_handle(backend, device_index):
         note = cuda_build_note() if backend == BACKEND_CUDA else ""
         if not note:
             raise
-        raise NotSupportedError(error.status, error.name, "%s (%s)" % (error.message, note)) from None
+        raise NotSupportedError(error.status, error.name, "%s; %s" % (error.message, note)) from None
     return raw
 
 
