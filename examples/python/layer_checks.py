@@ -1,5 +1,5 @@
-"""Checks of the moekit layers against moekit_torch.reference, for any device and dtype: the forward output and the
-gradients of x and every weight (the router's included) of sum(out * dout). Shared by test_moekit_torch.py (CPU
+"""Checks of the moekit layers against moekit.reference, for any device and dtype: the forward output and the
+gradients of x and every weight (the router's included) of sum(out * dout). Shared by test_moekit.py (CPU
 tensors, moekit's reference backend) and gpu/check_gradients_cuda.py (CUDA tensors).
 
 The reference runs in fp64 on the same (rounded) inputs; the error is the whole-tensor relative norm
@@ -7,8 +7,8 @@ The reference runs in fp64 on the same (rounded) inputs; the error is the whole-
 """
 import torch
 
-import moekit_torch
-from moekit_torch.reference import moe_reference, sparse_swiglu_reference
+import moekit
+from moekit.reference import moe_reference, sparse_swiglu_reference
 
 
 def relative_error(got, want):
@@ -54,7 +54,7 @@ def check_moe(device, dtype, tolerance, tokens=64, hidden=32, intermediate=16, e
         "w1": ((experts, 2 * intermediate, hidden), 1.0 / hidden ** 0.5),
         "w2": ((experts, hidden, intermediate), 1.0 / intermediate ** 0.5),
     }
-    return _compare("MoE layer", moekit_torch.moe, moe_reference, tensors, (top_k,), device, dtype, tolerance, seed)
+    return _compare("MoE layer", moekit.moe, moe_reference, tensors, (top_k,), device, dtype, tolerance, seed)
 
 
 def check_sparse_swiglu(device, dtype, tolerance, tokens=64, d_model=32, d_ff=128, group_size=16, top_groups=3,
@@ -65,5 +65,5 @@ def check_sparse_swiglu(device, dtype, tolerance, tokens=64, d_model=32, d_ff=12
         "w_up": ((d_ff, d_model), 1.0 / d_model ** 0.5),
         "w_down": ((d_model, d_ff), 1.0 / (group_size * top_groups) ** 0.5),
     }
-    return _compare("sparse SwiGLU", moekit_torch.sparse_swiglu, sparse_swiglu_reference, tensors,
+    return _compare("sparse SwiGLU", moekit.sparse_swiglu, sparse_swiglu_reference, tensors,
                     (group_size, top_groups), device, dtype, tolerance, seed)

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Runs test_moekit_torch.py (or the script given) with the first Python that can import torch: $MOEKIT_PYTHON if set,
-# else python3 on PATH, else /usr/bin/python3 (Debian's python3-torch installs there, and a PATH may put another
-# python3 first). The script exits 77 where torch cannot be imported; then the next Python is tried. Exits 77,
-# which CTest reports as skipped, when none can.
+# Runs test_moekit.py (or the script given, with the arguments after it) with the first Python that can import
+# torch: $MOEKIT_PYTHON if set, else python3 on PATH, else /usr/bin/python3 (Debian's python3-torch installs there,
+# and a PATH may put another python3 first). The script exits 77 where torch cannot be imported; then the next
+# Python is tried. Exits 77, which CTest reports as skipped, when none can.
 set -uo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-script=${1:-$here/test_moekit_torch.py}
+script=${1:-$here/test_moekit.py}
+shift || true
 
 candidates=("${MOEKIT_PYTHON:-}" python3 /usr/bin/python3)
 for python in "${candidates[@]}"; do
   if [[ -n $python ]] && command -v "$python" >/dev/null; then
-    "$python" "$script"
+    "$python" "$script" "$@"
     status=$?
     if ((status != 77)); then
       exit "$status"

@@ -1,4 +1,4 @@
-"""moekit_torch on CUDA tensors (the H200): the CPU test's checks on the GPU.
+"""moekit on CUDA tensors (the H200): the CPU test's checks on the GPU.
 
 A CUDA handle that answers MOEKIT_STATUS_NOT_SUPPORTED for the MoE or sparse-FFN layer (a GPU the CUDA backend does
 not serve) is reported with exit 2.
@@ -22,15 +22,15 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import layer_checks  # noqa: E402
-import moekit_torch  # noqa: E402
+import moekit  # noqa: E402
 
 
 def backend_agreement(tolerance=1e-2):
     """CUDA vs reference backend on the same bf16 inputs, forward and gradients, for both layers."""
     torch.manual_seed(0)
     layers = [
-        moekit_torch.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, dtype=torch.bfloat16),
-        moekit_torch.SparseSwiGLU(d_model=256, d_ff=1024, group_size=64, top_groups=4, dtype=torch.bfloat16),
+        moekit.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, dtype=torch.bfloat16),
+        moekit.SparseSwiGLU(d_model=256, d_ff=1024, group_size=64, top_groups=4, dtype=torch.bfloat16),
     ]
     for layer in layers:
         x = torch.randn(512, 256, dtype=torch.bfloat16)
@@ -51,8 +51,8 @@ def backend_agreement(tolerance=1e-2):
 
 
 def stream_independence():
-    layer = moekit_torch.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, device="cuda",
-                                  dtype=torch.bfloat16)
+    layer = moekit.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, device="cuda",
+                            dtype=torch.bfloat16)
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         default_out = layer(x)
@@ -66,13 +66,13 @@ def stream_independence():
 
 
 def compiled_matches_eager():
-    if not moekit_torch.CUSTOM_OPS:
+    if not moekit.CUSTOM_OPS:
         print("  torch %s has no custom ops: torch.compile check skipped" % torch.__version__)
         return
     model = torch.nn.Sequential(
-        moekit_torch.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, device="cuda", dtype=torch.bfloat16),
-        moekit_torch.SparseSwiGLU(d_model=256, d_ff=1024, group_size=64, top_groups=4, device="cuda",
-                                  dtype=torch.bfloat16))
+        moekit.MoELayer(hidden=256, intermediate=128, experts=8, top_k=2, device="cuda", dtype=torch.bfloat16),
+        moekit.SparseSwiGLU(d_model=256, d_ff=1024, group_size=64, top_groups=4, device="cuda",
+                            dtype=torch.bfloat16))
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     compiled = torch.compile(model, fullgraph=True)
     eager = [model(x)]
@@ -99,7 +99,7 @@ def main():
         stream_independence()
         print("4. torch.compile:")
         compiled_matches_eager()
-    except moekit_torch.NotSupportedError as error:
+    except moekit.NotSupportedError as error:
         print("the CUDA backend does not serve the layers yet: %s" % error)
         return 2
     except AssertionError as error:

@@ -25,14 +25,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-import moekit_torch  # noqa: E402
-from moekit_torch.reference import moe_reference  # noqa: E402
+import moekit  # noqa: E402
+from moekit.reference import moe_reference  # noqa: E402
 
 VOCAB, D_MODEL, LAYERS, HEADS, EXPERTS, TOP_K, INTERMEDIATE = 4096, 512, 4, 8, 8, 2, 1024
 SEQUENCE, BATCH = 512, 16
 
 
-class MoE(moekit_torch.MoELayer):
+class MoE(moekit.MoELayer):
     """The MoE feed-forward: fp32 parameters, bf16 compute, through moekit or the plain-PyTorch layer."""
 
     def __init__(self, use_moekit):
@@ -42,7 +42,7 @@ class MoE(moekit_torch.MoELayer):
     def forward(self, x):
         tokens = x.reshape(-1, D_MODEL).to(torch.bfloat16)
         weights = [w.to(torch.bfloat16) for w in (self.w_router, self.w1, self.w2)]
-        layer = moekit_torch.moe if self.use_moekit else moe_reference
+        layer = moekit.moe if self.use_moekit else moe_reference
         return layer(tokens, *weights, self.top_k).to(x.dtype).reshape(x.shape)
 
 
@@ -134,7 +134,7 @@ def main():
 
     try:
         moekit_losses, moekit_rate = train(moekit_model, batches, args.steps)
-    except moekit_torch.NotSupportedError as error:
+    except moekit.NotSupportedError as error:
         print("the CUDA backend does not serve the MoE layer yet: %s" % error)
         return 2
     reference_losses, reference_rate = train(reference_model, batches, args.steps)

@@ -1,6 +1,7 @@
-"""moekit_torch on CPU tensors (moekit's reference backend), against the plain-PyTorch layers:
+"""moekit on CPU tensors (moekit's reference backend), against the plain-PyTorch layers:
 
-    MOEKIT_LIBRARY=build/libmoekit.so python3 examples/python/test_moekit_torch.py
+    MOEKIT_LIBRARY=build/libmoekit.so python3 examples/python/test_moekit.py   # the package of the source tree
+    python3 -P examples/python/test_moekit.py                                   # the installed package (a wheel)
 
 Forward and every gradient (x, router, experts) of the MoE layer and the sparse SwiGLU FFN in fp64, fp32 and bf16; the
 nn.Modules; no_grad inference; errors carrying the library's message; the ctypes structs' sizes; and, where torch
@@ -15,14 +16,15 @@ import unittest
 try:
     import torch
 except ImportError as error:
-    print("test_moekit_torch: torch cannot be imported (%s): skipped" % error)
+    print("test_moekit: torch cannot be imported (%s): skipped" % error)
     sys.exit(77)
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# Appended for layer_checks: with -P (no script folder first on the path), an installed moekit comes before this one.
+sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 import layer_checks  # noqa: E402
-import moekit_torch  # noqa: E402
-from moekit_torch import _capi  # noqa: E402
-from moekit_torch.reference import moe_reference, sparse_swiglu_reference  # noqa: E402
+import moekit  # noqa: E402
+from moekit import _capi  # noqa: E402
+from moekit.reference import moe_reference, sparse_swiglu_reference  # noqa: E402
 
 LAYOUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "abi" / "layout_lp64.txt"
 
@@ -48,8 +50,8 @@ class Layers(unittest.TestCase):
 
     def test_modules_flatten_tokens_and_fill_every_gradient(self):
         torch.manual_seed(0)
-        moe = moekit_torch.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64)
-        sparse = moekit_torch.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64)
+        moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64)
+        sparse = moekit.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64)
         x = torch.randn(2, 5, 16, dtype=torch.float64)
         for module, reference in ((moe, moe_reference), (sparse, sparse_swiglu_reference)):
             out = module(x)
@@ -63,7 +65,7 @@ class Layers(unittest.TestCase):
                 self.assertTrue(torch.isfinite(parameter.grad).all(), name)
 
     def test_no_grad_runs_an_inference_plan_with_the_same_output(self):
-        moe = moekit_torch.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float32)
+        moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float32)
         x = torch.randn(8, 16)
         training_out = moe(x)
         with torch.no_grad():
@@ -75,8 +77,8 @@ class Layers(unittest.TestCase):
     def test_a_wrong_shape_raises_the_librarys_message(self):
         x, w_router = torch.randn(8, 16), torch.randn(4, 16)
         w1, w2 = torch.randn(4, 16, 16), torch.randn(4, 16, 4)  # w2 should be [4, 16, 8]
-        with self.assertRaises(moekit_torch.MoekitError) as caught:
-            moekit_torch.moe(x, w_router, w1, w2, 2)
+        with self.assertRaises(moekit.MoekitError) as caught:
+            moekit.moe(x, w_router, w1, w2, 2)
         self.assertIn("w2", str(caught.exception))
         self.assertEqual(caught.exception.status, 100)  # MOEKIT_STATUS_INVALID_VALUE
 
@@ -93,10 +95,10 @@ class Bindings(unittest.TestCase):
             self.assertEqual(_capi.ctypes.sizeof(struct), sizes[name], name)
 
     def test_the_loaded_library_is_version_0_1(self):
-        self.assertEqual(moekit_torch.load().moekit_get_version() // 100, 1)
+        self.assertEqual(moekit.load().moekit_get_version() // 100, 1)
 
 
-@unittest.skipUnless(moekit_torch.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
+@unittest.skipUnless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
 class CustomOps(unittest.TestCase):
     def test_opcheck(self):
         x = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
@@ -104,8 +106,8 @@ class CustomOps(unittest.TestCase):
         torch.library.opcheck(torch.ops.moekit.moe_forward.default, (x, *weights, [2], True))
 
     def test_compile_traces_the_layers_without_graph_breaks(self):
-        moe = moekit_torch.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64)
-        sparse = moekit_torch.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64)
+        moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64)
+        sparse = moekit.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64)
         model = torch.nn.Sequential(moe, sparse)
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         x = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
@@ -119,6 +121,6 @@ class CustomOps(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    library = os.environ.get("MOEKIT_LIBRARY", _capi.SONAME)
-    print("test_moekit_torch: torch %s, library %s" % (torch.__version__, library))
+    print("test_moekit: torch %s, moekit %s, library %s"
+          % (torch.__version__, os.path.dirname(moekit.__file__), moekit.library_path()))
     unittest.main(verbosity=2)

@@ -36,18 +36,14 @@ def moekit_dtype(dtype):
 
 class Handle:
     def __init__(self, device):
-        desc = _capi.initialised(_capi.HandleDesc, "moekit_handle_desc_init")
         if device.type == "cuda":
-            desc.backend = _capi.BACKEND_CUDA
-            desc.device_index = device.index if device.index is not None else torch.cuda.current_device()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            self.raw = _capi.create_handle(_capi.BACKEND_CUDA, index)
         elif device.type == "cpu":
-            desc.backend = _capi.BACKEND_REFERENCE
+            self.raw = _capi.create_handle(_capi.BACKEND_REFERENCE, 0)
         else:
             raise _capi.NotSupportedError(_capi.STATUS_NOT_SUPPORTED, "MOEKIT_STATUS_NOT_SUPPORTED",
                                           "moekit runs on CPU (reference backend) and CUDA tensors, not %s" % device)
-        raw = ctypes.c_void_p()
-        _capi.check(_capi.load().moekit_handle_create(ctypes.byref(desc), ctypes.byref(raw)))
-        self.raw = raw
         self.lock = threading.Lock()
 
 

@@ -1,10 +1,11 @@
 """ctypes view of moekit.h: the structs, constants and functions the PyTorch layers use.
 
 Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
-MOEKIT_LIBRARY environment variable, or the loader's search path (ldconfig, LD_LIBRARY_PATH) by its SONAME. The
-structs below mirror the header field for field; tests/test_moekit_torch.py checks their sizes against
-tests/abi/layout_lp64.txt, and every struct is filled by the library's own *_init function, which then must have
-written the struct_size ctypes expects (checked at each call).
+MOEKIT_LIBRARY environment variable, the copy installed beside this file (a wheel's), or the loader's search path
+(ldconfig, LD_LIBRARY_PATH) by its SONAME. The structs below mirror the header field for field;
+examples/python/test_moekit.py checks their sizes against tests/abi/layout_lp64.txt, and every struct is filled by
+the library's own *_init function, which then must have written the struct_size ctypes expects (checked at each
+call).
 """
 import ctypes
 import os
@@ -15,6 +16,12 @@ c_size_t, c_double, c_void_p = ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p
 
 VERSION_MAJOR, VERSION_MINOR = 0, 1
 SONAME = "libmoekit.so.%d.%d" % (VERSION_MAJOR, VERSION_MINOR)  # 0.MINOR while MAJOR is 0
+BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
+
+try:
+    from . import _build_info  # written by the wheel's build, beside the library it installs
+except ImportError:
+    _build_info = None
 
 SUCCESS = 0
 STATUS_NOT_SUPPORTED = 200
@@ -147,7 +154,7 @@ class MoekitError(RuntimeError):
 
     def __init__(self, status, name, message):
         super().__init__("%s: %s" % (name, message))
-        self.status = status
+        self.status, self.name, self.message = status, name, message
 
 
 class NotSupportedError(MoekitError):
@@ -185,15 +192,46 @@ _RESTYPES = {"moekit_get_version": c_int32, "moekit_status_string": ctypes.c_cha
              "moekit_plan_describe": c_size_t}
 
 _lib = None
+_lib_path = None
 _lib_lock = threading.Lock()
+
+
+def library_path():
+    """The libmoekit.so that `load` opened, or would open now (see the module's docstring)."""
+    if _lib_path is not None:
+        return _lib_path
+    return os.environ.get("MOEKIT_LIBRARY") or (BUNDLED if os.path.exists(BUNDLED) else SONAME)
+
+
+def build_info():
+    """How the library installed with the package was built: a dict of `version`, `cuda` (whether it has the CUDA
+    backend), `cuda_architectures` (e.g. "90a") and `cuda_version` (the toolkit's); None where the package has no
+    library of its own (run from the source tree)."""
+    if _build_info is None:
+        return None
+    return {"version": _build_info.VERSION, "cuda": _build_info.CUDA,
+            "cuda_architectures": _build_info.CUDA_ARCHITECTURES, "cuda_version": _build_info.CUDA_VERSION}
+
+
+def cuda_build_note():
+    """A sentence on the loaded library's CUDA build, for a CUDA handle that cannot be made; empty where the library
+    is not the package's own (nothing is known of how it was built)."""
+    if _build_info is None or _lib_path != BUNDLED:
+        return ""
+    if not _build_info.CUDA:
+        return ("this moekit was built without the CUDA backend (no nvcc, or MOEKIT_CUDA=OFF); for CUDA tensors, "
+                "install it again from source with nvcc on PATH")
+    targets = ", ".join("sm_" + arch for arch in _build_info.CUDA_ARCHITECTURES.split(";"))
+    return ("this moekit's CUDA backend is built for %s with CUDA %s: Hopper GPUs, compute capability 9.0 "
+            "(H100, H200)" % (targets, _build_info.CUDA_VERSION))
 
 
 def load(path=None):
     """Loads libmoekit.so once (see the module's docstring for where from) and returns the ctypes library."""
-    global _lib
+    global _lib, _lib_path
     with _lib_lock:
         if _lib is None:
-            path = path or os.environ.get("MOEKIT_LIBRARY") or SONAME
+            path = path or library_path()
             lib = ctypes.CDLL(path)
             for name, argtypes in _PROTOTYPES.items():
                 function = getattr(lib, name)
@@ -203,7 +241,7 @@ def load(path=None):
             if version // 100 != VERSION_MAJOR * 100 + VERSION_MINOR:
                 raise ImportError("%s is moekit %d; these bindings mirror moekit %d.%d"
                                   % (path, version, VERSION_MAJOR, VERSION_MINOR))
-            _lib = lib
+            _lib, _lib_path = lib, path
         return _lib
 
 
@@ -219,6 +257,22 @@ def check(status):
     name = lib.moekit_status_string(status).decode()
     error = NotSupportedError if status == STATUS_NOT_SUPPORTED else MoekitError
     raise error(status, name, buffer.value.decode(errors="replace"))
+
+
+def create_handle(backend, device_index):
+    """A moekit_handle_t (as a c_void_p) for the backend and device. A CUDA handle that this build or device cannot
+    serve raises NotSupportedError whose message adds what the package's own library was built for."""
+    desc = initialised(HandleDesc, "moekit_handle_desc_init")
+    desc.backend, desc.device_index = backend, device_index
+    raw = c_void_p()
+    try:
+        check(load().moekit_handle_create(ctypes.byref(desc), ctypes.byref(raw)))
+    except NotSupportedError as error:
+        note = cuda_build_note() if backend == BACKEND_CUDA else ""
+        if not note:
+            raise
+        raise NotSupportedError(error.status, error.name, "%s; %s" % (error.message, note)) from None
+    return raw
 
 
 def initialised(struct_type, init_name):

@@ -1,0 +1,51 @@
+"""The PyTorch tests of examples/python against the installed wheel (CTest install_python_wheel_torch, run after
+install_python_wheel through examples/python/run_test.sh, which picks a Python that imports torch):
+
+    python python_wheel_torch.py WORK_DIR
+
+A virtualenv that sees this Python's torch (its system site packages) installs the wheel that install_python_wheel
+left in WORK_DIR/dist, alone; examples/python/test_moekit.py runs there with -P, so that `import moekit` is the
+installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be imported, where Python
+is older than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was not run).
+"""
+import glob
+import os
+import pathlib
+import subprocess
+import sys
+import venv
+
+try:
+    import torch
+except ImportError as error:
+    print("python_wheel_torch: torch cannot be imported (%s): skipped" % error)
+    sys.exit(77)
+
+TEST = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "test_moekit.py"
+
+
+def main(work):
+    if sys.version_info < (3, 11):
+        print("python_wheel_torch: Python %d.%d has no -P (3.11+): skipped" % sys.version_info[:2])
+        return 77
+    wheels = glob.glob(os.path.join(work, "dist", "moekit-*.whl"))
+    if len(wheels) != 1:
+        print("python_wheel_torch: no wheel in %s/dist (install_python_wheel builds it): skipped" % work)
+        return 77
+    env = os.path.join(work, "env-torch")
+    venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(env)
+    python = os.path.join(env, "bin", "python")
+    environment = {k: v for k, v in os.environ.items() if k not in ("MOEKIT_LIBRARY", "PYTHONPATH")}
+    subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheels[0]], check=True,
+                   env=environment)
+    # The package and the library must be the installed ones, not the source tree's or another build's.
+    subprocess.run([python, "-P", "-c", "import sys, moekit; from moekit import _capi; "
+                    "assert moekit.__file__.startswith(sys.prefix), moekit.__file__; "
+                    "assert moekit.library_path() == _capi.BUNDLED, moekit.library_path()"],
+                   check=True, env=environment, cwd=work)
+    print("python_wheel_torch: torch %s from %s" % (torch.__version__, os.path.dirname(torch.__file__)))
+    return subprocess.run([python, "-P", str(TEST)], env=environment, cwd=work).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
