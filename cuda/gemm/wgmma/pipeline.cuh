@@ -41,6 +41,8 @@ struct PipelineState {
   // The slot of the use before this one.
   __device__ __forceinline__ uint32_t previous_index() const { return (count - 1) % Stages; }
   __device__ __forceinline__ void advance() { ++count; }
+  // Past `uses` entries another role reads (ping-pong: the other consumer's tile).
+  __device__ __forceinline__ void skip(uint32_t uses) { count += uses; }
 };
 
 // The ring's mbarriers in shared memory, 8 bytes each: full[Stages] (the operands of a slot landed) and
