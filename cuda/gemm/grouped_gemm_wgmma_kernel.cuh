@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           continue;
         }
       }
+      if constexpr (Cfg::pingpong) {
+        if (turn > 0) pingpong_take_turn(consumer);
+      }
       const WgmmaTile t = walk.tile(unit);
       const int64_t slices = walk.slices(t);
       consumer_mainloop<T, Cfg, a_mn_major, b_mn_major>(
@@ -187,6 +190,14 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
             if constexpr (defers_store) deferred.flush(&maps.c, buffers, consumer, wg_tid);
           });
 
+      if constexpr (Cfg::pingpong) {
+        // DGATED: the tile's h entries too, before the other consumer may wait in their slots.
+        if constexpr (dgated) {
+          PipelineState<S> h = it;
+          for (int chunk = 0; chunk < Cfg::bn / 64; ++chunk, h.advance()) ring.wait_full(h);
+        }
+        if (unit + walk.unit_step < walk.units) pingpong_hand_over(consumer);
+      }
       // The first row of this consumer's accumulators: cooperative its 64 rows, ping-pong the whole tile.
       const int64_t first_row = t.m0 + (Cfg::pingpong ? 0 : 64 * consumer);
       if constexpr (dgated) {
