@@ -188,16 +188,16 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           [&] {
             // The previous tile's boxes the main loop left (fewer slices than boxes), under the last slice's wgmmas.
             if constexpr (defers_store) deferred.flush(&maps.c, buffers, consumer, wg_tid);
+            // Ping-pong: every slice has landed; with DGATED's h entries too, the other consumer may take its turn
+            // (its wgmmas queue behind this tile's last).
+            if constexpr (Cfg::pingpong) {
+              if constexpr (dgated) {
+                PipelineState<S> h = it;
+                for (int chunk = 0; chunk < Cfg::bn / 64; ++chunk, h.advance()) ring.wait_full(h);
+              }
+              if (unit + walk.unit_step < walk.units) pingpong_hand_over(consumer);
+            }
           });
-
-      if constexpr (Cfg::pingpong) {
-        // DGATED: the tile's h entries too, before the other consumer may wait in their slots.
-        if constexpr (dgated) {
-          PipelineState<S> h = it;
-          for (int chunk = 0; chunk < Cfg::bn / 64; ++chunk, h.advance()) ring.wait_full(h);
-        }
-        if (unit + walk.unit_step < walk.units) pingpong_hand_over(consumer);
-      }
       // The first row of this consumer's accumulators: cooperative its 64 rows, ping-pong the whole tile.
       const int64_t first_row = t.m0 + (Cfg::pingpong ? 0 : 64 * consumer);
       if constexpr (dgated) {
