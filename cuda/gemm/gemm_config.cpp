@@ -33,6 +33,18 @@ bool pairs_by_default(const moekit_gemm_desc_t& d) {
 // Whether a varlen-K product, as the kernel runs it, pairs: B is the operand loaded by TMA, which the two CTAs of a
 // pair share (m tiles 2i and 2i + 1 of one group, the same column tile), so B must not be the gathered operand, and
 // each group's m tiles of bm rows pair up (an even count).
+// The consumers' schedule of a varlen-M product on `tile` by default: ping-pong for STORE and BIAS at 128x128 tiles
+// with k <= 1024, cooperative otherwise.
+// NOTE: measured on the H200 (gemm.json's down and dxe shapes with 128x128 tiles forced, the same bits), ping-pong
+// against cooperative at 128x128: 1.11x at k = 256, 1.16-1.17x at 512, 1.06x at 1024, 0.98-1.00x at 2048 and 4096;
+// GATED 0.99-1.07x, DGATED 0.81-0.92x (its issue-bound epilogue runs on one warpgroup at a time). Against the
+// cooperative 128x256 tile it loses everywhere (0.68-0.93x): per FLOP a 128x128 tile moves a third more operand bytes
+// and a gathered A twice the producer's copies, so ping-pong runs only where the tile is 128x128 anyway.
+GemmSchedule default_schedule(const moekit_gemm_desc_t& d, GemmTile tile) {
+  const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
+  return tile == GemmTile::m128_n128 && plain && d.k <= 1024 ? GemmSchedule::pingpong : GemmSchedule::cooperative;
+}
+
 bool varlen_k_pairs(int32_t gather, int64_t m, int64_t bm) {
   return gather != MOEKIT_GEMM_GATHER_B && ceil_div(m, bm) % 2 == 0;
 }
@@ -167,7 +179,7 @@ GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device
                       (env.path == GemmPathOverride::none && pairs_by_default(d));
   const bool out_fp32 = d.out_dtype == MOEKIT_DTYPE_FP32;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    const GemmSchedule schedule = env.schedule_forced ? env.schedule : GemmSchedule::cooperative;
+    const GemmSchedule schedule = env.schedule_forced ? env.schedule : default_schedule(d, tile);
     const GemmKernel kernel = varlen_m_kernel(d, tile, schedule, paired, device.sm_count);
     GemmKernel by_tma = kernel;
     by_tma.c = OutputMove::tma_store;

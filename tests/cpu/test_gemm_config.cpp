@@ -207,7 +207,8 @@ constexpr uint32_t kPlainCall = kBetaZero | kUnitAlphaNoBias | kStrides32Bit;
 //  - the path: MOEKIT_GEMM_PATH = "mma" or a problem the wgmma kernel cannot run: mma.sync; "wgmma": wgmma, single
 //    CTAs; "wgmma_pair": wgmma in clusters of 2 (where the product pairs); by default wgmma, paired for GATED and
 //    DGATED with k >= 4096 and for varlen K with max_rows >= 512 * groups;
-//  - varlen M runs the schedule MOEKIT_GEMM_SCHEDULE names, cooperative by default; ping-pong at 128x128 tiles;
+//  - varlen M runs the schedule MOEKIT_GEMM_SCHEDULE names; by default ping-pong for STORE and BIAS at 128x128
+//    tiles with k <= 1024, cooperative else; ping-pong always at 128x128 tiles;
 //  - varlen M writes C by TMA stores for STORE with beta = 0 into C of the operand dtype, and GATED's h and a for a
 //    gated activation in the CONCAT layout with alpha = 1, no bias and I = n/2 a multiple of 64; the threads store
 //    every other product (BIAS, DGATED, ...); clusters of 2 pad the row-tile list;
@@ -238,7 +239,11 @@ GemmKernel expected_kernel(const moekit_gemm_desc_t& d, const GemmDevice& device
   k.ctas = device.sm_count;
   k.epilogue = OperandMove::cp_async;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    k.schedule = env.schedule_forced ? env.schedule : GemmSchedule::cooperative;
+    const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
+    const bool pingpong_default = tile == GemmTile::m128_n128 && plain && d.k <= 1024;
+    k.schedule = env.schedule_forced ? env.schedule
+                 : pingpong_default  ? GemmSchedule::pingpong
+                                     : GemmSchedule::cooperative;
     if (k.schedule == GemmSchedule::pingpong) k.tile = GemmTile::m128_n128;
     bool by_tma = false;
     if (d.epilogue == MOEKIT_EPILOGUE_GATED)
@@ -409,6 +414,24 @@ TEST_CASE("gemm config: MOEKIT_GEMM_SCHEDULE runs varlen M ping-pong at 128x128"
     CHECK(describe_gemm_config(wide, c).find("wgmma 128x128 ping-pong") != std::string::npos);
     CHECK(c.workspace.n_tiles == 2048 / 128);
   }
+  // By default: ping-pong where the tile is 128x128 for STORE and BIAS with k <= 1024, nowhere else.
+  const auto schedule = [](moekit_gemm_desc_t d, GemmOverrides o = GemmOverrides{}) {
+    return config(d, o).variants[0].kernel.schedule;
+  };
+  moekit_gemm_desc_t narrow = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_STORE, 0, 64, 65536, 128, 1024);
+  CHECK(schedule(narrow) == GemmSchedule::pingpong);
+  narrow.epilogue = MOEKIT_EPILOGUE_BIAS;
+  CHECK(schedule(narrow) == GemmSchedule::pingpong);
+  narrow.k = 1032;
+  CHECK(schedule(narrow) == GemmSchedule::cooperative);
+  narrow.k = 512;
+  CHECK(schedule(narrow, tile_override(GemmTile::m128_n256)) == GemmSchedule::cooperative);
+  CHECK(schedule(wide) == GemmSchedule::cooperative);                                    // 128x256
+  CHECK(schedule(wide, tile_override(GemmTile::m128_n128)) == GemmSchedule::cooperative);  // k = 4096
+  moekit_gemm_desc_t gated = narrow;
+  gated.epilogue = MOEKIT_EPILOGUE_GATED;
+  gated.activation = MOEKIT_ACT_SWIGLU;
+  CHECK(schedule(gated) == GemmSchedule::cooperative);
   const GemmConfig wgrad = config(desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, 0, 8, 4096, 512, 256), env);
   for (int i = 0; i < wgrad.count; ++i) CHECK(wgrad.variants[i].kernel.schedule == GemmSchedule::cooperative);
   const GemmConfig mma = config(wide, [&] {
