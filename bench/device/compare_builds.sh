@@ -5,7 +5,9 @@
 # build before it (a single run of each differs by up to ~5-10% on the H200 from one run to the next).
 #   bench/device/compare_builds.sh CONFIG REGEX BENCH [BENCH ...]
 # CONFIG: a bench config; REGEX: moekit-bench's --filter ('' for every case); BENCH: moekit-bench executables, the
-# first the baseline. Env MOEKIT_GEMM_PATH etc. pass through. Output folder: $OUT (default /tmp/moekit-builds-out).
+# first the baseline, each optionally after environment settings of its own and an '@' (e.g.
+# MOEKIT_GEMM_SCHEDULE=pingpong@DEST/moekit-bench; several separated by commas): one build under two settings.
+# Env MOEKIT_GEMM_PATH etc. pass through. Output folder: $OUT (default /tmp/moekit-builds-out).
 # stdout and builds.md there: a Markdown table of each
 # case's median TFLOP/s (or GB/s) per build, the ratio of the medians to the first build's, the lowest and highest
 # ratio of one round (build i's run against the first build's run of the same round, which ran next to it: a ratio
@@ -16,7 +18,16 @@ config=${1:?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
 filter=${2?usage: compare_builds.sh CONFIG REGEX BENCH [BENCH ...]}
 shift 2
 benches=()
-for b in "$@"; do benches+=("$(realpath "$b")"); done
+settings=()
+for b in "$@"; do
+  if [[ $b == *@* ]]; then
+    settings+=("${b%%@*}")
+    b=${b#*@}
+  else
+    settings+=("")
+  fi
+  benches+=("$(realpath "$b")")
+done
 rounds=${ROUNDS:-3}
 out=${OUT:-/tmp/moekit-builds-out}
 runs=$(mktemp -d)
@@ -25,11 +36,14 @@ for ((r = 0; r < rounds; ++r)); do
   for i in "${!benches[@]}"; do
     args=("$config" --backend cuda --out "$runs/b${i}_r$r.json")
     [[ -n $filter ]] && args+=(--filter "$filter")
-    "${benches[$i]}" "${args[@]}" >"$runs/b${i}_r$r.log" 2>&1
-    echo "round $r build $i (${benches[$i]}): moekit-bench exit $?" >&2
+    IFS=, read -r -a assignments <<<"${settings[$i]}"
+    env "${assignments[@]}" "${benches[$i]}" "${args[@]}" >"$runs/b${i}_r$r.log" 2>&1
+    echo "round $r build $i (${settings[$i]:+${settings[$i]} }${benches[$i]}): moekit-bench exit $?" >&2
   done
 done
-python3 - "$runs" "${#benches[@]}" "$rounds" "${benches[@]}" <<'PY' | tee "$out/builds.md"
+labels=()
+for i in "${!benches[@]}"; do labels+=("${settings[$i]:+${settings[$i]} }${benches[$i]}"); done
+python3 - "$runs" "${#benches[@]}" "$rounds" "${labels[@]}" <<'PY' | tee "$out/builds.md"
 import json, os, statistics, sys
 
 runs, count, rounds = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])

@@ -84,6 +84,12 @@ __device__ __forceinline__ void named_barrier_sync(int id, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Arrives on barrier `id` over `threads` threads without waiting (the threads of a named_barrier_sync on it complete
+// it).
+__device__ __forceinline__ void named_barrier_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 // Orders this thread's generic-proxy view of shared memory (cp.async, st.shared) before its later
 // asynchronous-proxy accesses (wgmma operand reads, TMA).
 __device__ __forceinline__ void fence_proxy_async_shared() {

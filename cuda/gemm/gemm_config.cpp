@@ -33,6 +33,18 @@ bool pairs_by_default(const moekit_gemm_desc_t& d) {
 // Whether a varlen-K product, as the kernel runs it, pairs: B is the operand loaded by TMA, which the two CTAs of a
 // pair share (m tiles 2i and 2i + 1 of one group, the same column tile), so B must not be the gathered operand, and
 // each group's m tiles of bm rows pair up (an even count).
+// The consumers' schedule of a varlen-M product on `tile` by default: ping-pong for STORE and BIAS at 128x128 tiles
+// with k <= 1024, cooperative otherwise.
+// NOTE: measured on the H200 (gemm.json's down and dxe shapes with 128x128 tiles forced, the same bits), ping-pong
+// against cooperative at 128x128: 1.11x at k = 256, 1.16-1.17x at 512, 1.06x at 1024, 0.98-1.00x at 2048 and 4096;
+// GATED 0.99-1.07x, DGATED 0.81-0.92x (its issue-bound epilogue runs on one warpgroup at a time). Against the
+// cooperative 128x256 tile it loses everywhere (0.68-0.93x): per FLOP a 128x128 tile moves a third more operand bytes
+// and a gathered A twice the producer's copies, so ping-pong runs only where the tile is 128x128 anyway.
+GemmSchedule default_schedule(const moekit_gemm_desc_t& d, GemmTile tile) {
+  const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
+  return tile == GemmTile::m128_n128 && plain && d.k <= 1024 ? GemmSchedule::pingpong : GemmSchedule::cooperative;
+}
+
 bool varlen_k_pairs(int32_t gather, int64_t m, int64_t bm) {
   return gather != MOEKIT_GEMM_GATHER_B && ceil_div(m, bm) % 2 == 0;
 }
@@ -51,10 +63,12 @@ GemmKernel mma_sync_kernel(const moekit_gemm_desc_t& d, GemmTile tile) {
 
 // The wgmma kernel of a varlen-M product: B by TMA, A by TMA unless gathered, DGATED's h by TMA; C by the threads
 // (a variant may store it by TMA).
-GemmKernel varlen_m_kernel(const moekit_gemm_desc_t& d, GemmTile tile, bool paired, int sm_count) {
+GemmKernel varlen_m_kernel(const moekit_gemm_desc_t& d, GemmTile tile, GemmSchedule schedule, bool paired,
+                           int sm_count) {
   GemmKernel k{};
   k.path = GemmPath::wgmma;
-  k.tile = tile;
+  k.tile = schedule == GemmSchedule::pingpong ? GemmTile::m128_n128 : tile;
+  k.schedule = schedule;
   k.cluster = paired ? 2 : 1;
   k.pad_tile_pairs = paired;
   k.a = d.gather == MOEKIT_GEMM_GATHER_A ? OperandMove::cp_async_gather : OperandMove::tma;
@@ -119,6 +133,7 @@ std::string facts_text(uint32_t facts) {
 std::string kernel_text(const moekit_gemm_desc_t& d, const GemmKernel& k) {
   std::string text = std::string(k.path == GemmPath::wgmma ? "wgmma " : "mma.sync ") + gemm_tile_name(k.tile);
   if (k.path == GemmPath::wgmma) {
+    if (k.schedule == GemmSchedule::pingpong) text += " ping-pong";
     text += k.cluster == 2 ? ", 2-CTA clusters (B multicast)" : ", 1 CTA per cluster";
     text += ", " + std::to_string(k.ctas) + " persistent CTAs";
   }
@@ -164,7 +179,8 @@ GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device
                       (env.path == GemmPathOverride::none && pairs_by_default(d));
   const bool out_fp32 = d.out_dtype == MOEKIT_DTYPE_FP32;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    const GemmKernel kernel = varlen_m_kernel(d, tile, paired, device.sm_count);
+    const GemmSchedule schedule = env.schedule_forced ? env.schedule : default_schedule(d, tile);
+    const GemmKernel kernel = varlen_m_kernel(d, tile, schedule, paired, device.sm_count);
     GemmKernel by_tma = kernel;
     by_tma.c = OutputMove::tma_store;
     // STORE into C of the operand dtype by TMA when nothing is read back (beta = 0). GATED's h and a by TMA for a
@@ -206,6 +222,10 @@ GemmTileShape gemm_tile_shape(GemmTile tile) {
 
 const char* gemm_tile_name(GemmTile tile) { return tile == GemmTile::m128_n256 ? "128x256" : "128x128"; }
 
+const char* gemm_schedule_name(GemmSchedule schedule) {
+  return schedule == GemmSchedule::pingpong ? "pingpong" : "cooperative";
+}
+
 GemmOverrides gemm_overrides_from_environment() {
   GemmOverrides o{};
   if (const char* path = std::getenv("MOEKIT_GEMM_PATH")) {
@@ -218,6 +238,14 @@ GemmOverrides gemm_overrides_from_environment() {
       if (std::strcmp(tile, gemm_tile_name(t)) == 0) {
         o.tile_forced = true;
         o.tile = t;
+      }
+    }
+  }
+  if (const char* schedule = std::getenv("MOEKIT_GEMM_SCHEDULE")) {
+    for (GemmSchedule c : {GemmSchedule::cooperative, GemmSchedule::pingpong}) {
+      if (std::strcmp(schedule, gemm_schedule_name(c)) == 0) {
+        o.schedule_forced = true;
+        o.schedule = c;
       }
     }
   }

@@ -35,6 +35,15 @@ enum class GemmPath : int32_t {
   wgmma = 1,
 };
 
+// How the wgmma kernel's two consumer warpgroups share the work: cooperative, both on one tile (64 rows each, one
+// epilogue after the other's main loop, at the same time); ping-pong, each its own 128-row tile, one's epilogue
+// under the other's main loop (varlen M, 128x128 tiles).
+enum class GemmSchedule : int32_t {
+  cooperative = 0,
+  pingpong = 1,
+};
+const char* gemm_schedule_name(GemmSchedule schedule);  // "cooperative", "pingpong"
+
 // How an operand reaches shared memory.
 enum class OperandMove : int32_t {
   cp_async = 0,         // copies by the threads (cp.async), rows in order
@@ -61,6 +70,7 @@ enum GemmCallFact : uint32_t {
 struct GemmKernel {
   GemmPath path;
   GemmTile tile;
+  GemmSchedule schedule;  // wgmma: the consumers' schedule
   int32_t cluster;       // CTAs per cluster: 1, or 2 sharing each B tile by TMA multicast (wgmma)
   bool transposed;       // varlen K run as C^T = B^T A (the gathered operand becomes A; C stored transposed by TMA)
   bool pad_tile_pairs;   // varlen M in clusters of 2: the row-tile list padded to an even count
@@ -108,12 +118,15 @@ struct GemmDevice {
 // The environment's overrides (read once, when a plan is created; see README's table):
 //   MOEKIT_GEMM_PATH = "mma" (the mma.sync kernel everywhere), "wgmma" (the wgmma kernel wherever it can run, single
 //   CTAs), "wgmma_pair" (the wgmma kernel in clusters of 2 wherever it can run and the product pairs);
-//   MOEKIT_GEMM_TILE = "128x256" / "128x128".
+//   MOEKIT_GEMM_TILE = "128x256" / "128x128";
+//   MOEKIT_GEMM_SCHEDULE = "cooperative" / "pingpong" (varlen M on the wgmma kernel; ping-pong runs 128x128 tiles).
 enum class GemmPathOverride : int32_t { none, mma, wgmma_single, wgmma_pair };
 struct GemmOverrides {
   GemmPathOverride path;
   bool tile_forced;
   GemmTile tile;
+  bool schedule_forced;
+  GemmSchedule schedule;
 };
 GemmOverrides gemm_overrides_from_environment();
 

@@ -131,19 +131,23 @@ TileLauncher launcher_for_tile(GemmTile tile, Operands op) {
 // The sm_90a path: the TMA maps (built here on the host, per call: operands move between calls) of the weight
 // operand, of an A that is not gathered and of DGATED's h for varlen M, of the operand that is not gathered for
 // varlen K, of C where the epilogue writes it by TMA, and the persistent kernel, one CTA per SM at most.
-template <int32_t Dtype, GemmTile Tile>
+template <int32_t Dtype, GemmTile Tile, GemmSchedule Schedule>
 void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                            cudaStream_t stream) {
-  if (p.mode == MOEKIT_GEMM_VARLEN_K)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, paired, stream);
-  else if (p.b_layout == MOEKIT_GEMM_B_KN && p.epilogue == MOEKIT_EPILOGUE_DGATED)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn, true>(p, maps, sm_count, paired, stream);
+  if constexpr (Schedule == GemmSchedule::cooperative) {
+    if (p.mode == MOEKIT_GEMM_VARLEN_K) {
+      launch_wgmma_tiles<Dtype, Tile, Operands::varlen_k>(p, maps, sm_count, paired, stream);
+      return;
+    }
+  }
+  if (p.b_layout == MOEKIT_GEMM_B_KN && p.epilogue == MOEKIT_EPILOGUE_DGATED)
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn, true, Schedule>(p, maps, sm_count, paired, stream);
   else if (p.b_layout == MOEKIT_GEMM_B_KN)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn>(p, maps, sm_count, paired, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_kn, false, Schedule>(p, maps, sm_count, paired, stream);
   else if (p.epilogue == MOEKIT_EPILOGUE_GATED)
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk, true>(p, maps, sm_count, paired, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk, true, Schedule>(p, maps, sm_count, paired, stream);
   else
-    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk>(p, maps, sm_count, paired, stream);
+    launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk, false, Schedule>(p, maps, sm_count, paired, stream);
 }
 
 void launch_wgmma(const GroupedGemmProblem& caller, const GemmKernel& kernel, cudaStream_t stream) {
@@ -167,16 +171,28 @@ void launch_wgmma(const GroupedGemmProblem& caller, const GemmKernel& kernel, cu
   if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
   const bool paired = kernel.cluster == 2;
   const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
-  if (kernel.tile == GemmTile::m128_n256) {
+  // Ping-pong: varlen M at 128x128 (choose_gemm_config).
+  if (kernel.schedule == GemmSchedule::pingpong) {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256>(p, maps, kernel.ctas, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128, GemmSchedule::pingpong>(p, maps, kernel.ctas,
+                                                                                             paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256>(p, maps, kernel.ctas, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128, GemmSchedule::pingpong>(p, maps, kernel.ctas,
+                                                                                             paired, stream);
+  } else if (kernel.tile == GemmTile::m128_n256) {
+    if (bf16)
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256, GemmSchedule::cooperative>(p, maps, kernel.ctas,
+                                                                                                paired, stream);
+    else
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256, GemmSchedule::cooperative>(p, maps, kernel.ctas,
+                                                                                                paired, stream);
   } else {
     if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128>(p, maps, kernel.ctas, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128, GemmSchedule::cooperative>(p, maps, kernel.ctas,
+                                                                                                paired, stream);
     else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128>(p, maps, kernel.ctas, paired, stream);
+      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128, GemmSchedule::cooperative>(p, maps, kernel.ctas,
+                                                                                                paired, stream);
   }
 }
 

@@ -59,9 +59,10 @@ CUtensorMap make_dgated_h_tensor_map(const GroupedGemmProblem& p, int box_rows);
 // even count; varlen K: an even m tile count per group, B not gathered) clusters of 2 CTAs taking pairs of row tiles, sharing the B tile by
 // multicast within a group.
 // `Activated`: the kernel for the layout's activation epilogue (B [E, n, k]: GATED; B [E, k, n]: DGATED); the others
-// take STORE and BIAS. One instantiation per translation unit
-// (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>.cu).
-template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated = false>
+// take STORE and BIAS. `Schedule`: the consumers' (ping-pong: varlen M, 128x128). One instantiation per translation
+// unit (instantiations/grouped_gemm_wgmma_<nk|nk_gated|kn|kn_dgated|vk>_<dtype>_<tile>[_pingpong].cu).
+template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated = false,
+          GemmSchedule Schedule = GemmSchedule::cooperative>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream);
 

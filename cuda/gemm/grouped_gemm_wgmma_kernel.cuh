@@ -24,8 +24,12 @@
 //     staging chunk of 64 x 64 in shared memory to the shared epilogues (wgmma/epilogue_staged.cuh), DGATED's
 //     reading h from its ring entries (wgmma/epilogue_dgated.cuh).
 //
-// Preconditions (choose_gemm_path checks them): k a positive multiple of 64; n a multiple of 64; B's row and
-// group strides multiples of 8 elements; the grid at most the device's SM count (one CTA per SM: ~226 KiB).
+// Schedules (GemmSchedule): cooperative, as above; ping-pong (varlen M, 128x128), the consumers take the CTA's tiles
+// in turn, each a whole tile (two m64 products per step) whose epilogue, by TMA stores or the threads, runs under the
+// other consumer's main loop.
+//
+// Preconditions (wgmma_capable checks them): varlen M k > 0, k and n multiples of 8 (the tails zero-filled); B's row
+// and group strides multiples of 8 elements; the grid at most the device's SM count (one CTA per SM: ~226 KiB).
 #pragma once
 
 #include <cuda.h>
@@ -73,6 +77,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
   // gathered kernel; TMA boxes take neither).
   const bool a_by_tma = !varlen_k && p.gather != MOEKIT_GEMM_GATHER_A;
   static_assert(!(Activated && varlen_k), "varlen K is STORE only");
+  static_assert(!(Cfg::pingpong && varlen_k), "ping-pong runs varlen M");
   // GATED pairs the columns of B [E, n, k]; DGATED reads B [E, k, n] (wgmma_capable).
   constexpr bool gated = Activated && Op == Operands::varlen_m_nk;
   constexpr bool dgated = Activated && Op == Operands::varlen_m_kn;
@@ -98,7 +103,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     // NOTE: the swizzle is a function of the address bits, so the tiles must sit 1024-byte aligned.
     if ((smem & 1023) != 0) __trap();
     // Unpaired: every consumer thread arrives on `empty`; paired: one arrival per consumer warp of either CTA.
-    ring.init(a_by_tma ? 1 : 128 + 1, paired ? 2 * 4 * Cfg::consumer_warpgroups : 128 * Cfg::consumer_warpgroups);
+    ring.init(a_by_tma ? 1 : 128 + 1, paired ? 2 * 4 * Cfg::slot_readers : 128 * Cfg::slot_readers);
     mbarrier_init_fence();
     // NOTE: varlen K with no rows at all gets no map (nothing to load), only beta C.
     if (!varlen_k || p.rows > 0) tma_prefetch_descriptor(&maps.b);
@@ -148,13 +153,27 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
     const int consumer = warpgroup - 1;
     float* staging = reinterpret_cast<float*>(shared + Cfg::staging_offset) + consumer * 64 * Cfg::staging_pitch;
     const DeviceActivation act{p.activation, p.glu_limit};
-    float acc[Cfg::bn / 2];
+    float acc[Cfg::accumulators];
     PipelineState<S> it;
-    // The STORE and BIAS instantiation of varlen M defers half its TMA-store epilogue into the next tile's main loop.
-    constexpr bool defers_store = !varlen_k && !Activated;
+    // The STORE and BIAS instantiation of varlen M, cooperative, defers half its TMA-store epilogue into the next
+    // tile's main loop (ping-pong's epilogue runs under the other consumer's main loop instead).
+    constexpr bool defers_store = !varlen_k && !Activated && !Cfg::pingpong;
     DeferredStore<T, Cfg> deferred;
     unsigned char* const buffers = shared + Cfg::staging_offset + consumer * Cfg::staging_bytes;
-    for (int64_t unit = walk.first_unit; unit < walk.units; unit += walk.unit_step) {
+    // Ping-pong: the ring entries of a tile (its slices, DGATED's h entries), which the other consumer reads.
+    const auto tile_entries = static_cast<uint32_t>((p.k + BK - 1) / BK + (dgated ? Cfg::bn / 64 : 0));
+    int64_t turn = 0;
+    for (int64_t unit = walk.first_unit; unit < walk.units; unit += walk.unit_step, ++turn) {
+      if constexpr (Cfg::pingpong) {
+        // The consumers take the CTA's tiles in turn.
+        if (turn % 2 != consumer) {
+          it.skip(tile_entries);
+          continue;
+        }
+      }
+      if constexpr (Cfg::pingpong) {
+        if (turn > 0) pingpong_take_turn(consumer);
+      }
       const WgmmaTile t = walk.tile(unit);
       const int64_t slices = walk.slices(t);
       consumer_mainloop<T, Cfg, a_mn_major, b_mn_major>(
@@ -169,41 +188,26 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
           [&] {
             // The previous tile's boxes the main loop left (fewer slices than boxes), under the last slice's wgmmas.
             if constexpr (defers_store) deferred.flush(&maps.c, buffers, consumer, wg_tid);
+            // Ping-pong: every slice has landed; with DGATED's h entries too, the other consumer may take its turn
+            // (its wgmmas queue behind this tile's last).
+            if constexpr (Cfg::pingpong) {
+              if constexpr (dgated) {
+                PipelineState<S> h = it;
+                for (int chunk = 0; chunk < Cfg::bn / 64; ++chunk, h.advance()) ring.wait_full(h);
+              }
+              if (unit + walk.unit_step < walk.units) pingpong_hand_over(consumer);
+            }
           });
-
-      // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: this consumer's rows wholly inside the group) ----
-      const int64_t first_row = t.m0 + 64 * consumer;
-      const bool by_tma = tma_stores && (varlen_k || first_row + 64 <= t.m_end);
-      if constexpr (defers_store) {
-        if (by_tma) {
-          deferred.take(p, &maps.c, acc, t, buffers, consumer, wg_tid);
-          continue;
-        }
-      }
-      // The TMA boxes take turns on two buffers inside this consumer's staging rows, and a tile may end on either
-      // (fewer boxes at the last column tile), so a tile's epilogue, by TMA or by the threads, starts once every
-      // earlier store has read its buffer (long since: a mainloop ago).
-      if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
-      if (by_tma) {
-        if constexpr (gated)
-          store_gated_tile_by_tma<T, Cfg>(p, maps, acc, buffers, t, consumer, wg_tid);
-        else if (varlen_k && p.c_fp32)
-          store_tile_by_tma<float, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-        else if (varlen_k && p.c_transposed)
-          store_tile_transposed_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-        else
-          store_tile_by_tma<T, Cfg>(p, &maps.c, acc, buffers, t, consumer, wg_tid);
-        continue;
-      }
-
-      // ---- Epilogue by the threads: 64-column chunks through the staging rows ----
+      // The first row of this consumer's accumulators: cooperative its 64 rows, ping-pong the whole tile.
+      const int64_t first_row = t.m0 + (Cfg::pingpong ? 0 : 64 * consumer);
       if constexpr (dgated) {
+        // ---- DGATED by the threads: 64-column chunks through the staging rows, h from the ring ----
         // The dA . a of each of this thread's rows per 64-column chunk, with the rows' score scales read once per
         // tile. NOTE: this choice between dgated_chunks' two copies, and `item`, stay in the kernel body: moved into
         // a function of their own, they compiled to other machine code.
         const int item = wg_tid % 8;
-        float row_scales[64 / 16] = {};
-        load_dgated_row_scales(p, t, first_row, wg_tid, row_scales);
+        float row_scales[Cfg::row_blocks * 64 / 16] = {};
+        load_dgated_row_scales<Cfg>(p, t, first_row, wg_tid, row_scales);
         const auto chunks = [&](auto swiglu_concat) {
           dgated_chunks<T, Cfg, decltype(swiglu_concat)::value>(p, act, acc, staging, shared, smem, smem_a, smem_b,
                                                                 ring, it, paired, t, first_row, interleaved, item,
@@ -214,8 +218,38 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
         else
           chunks(std::false_type{});
       } else {
-        store_tile_by_threads<T, Cfg, varlen_k, gated>(p, act, acc, staging, t, first_row, split_glu, interleaved,
-                                                       consumer, wg_tid);
+#pragma unroll
+        for (int block = 0; block < Cfg::row_blocks; ++block) {
+          const float(&block_acc)[Cfg::bn / 2] = row_block_accumulators<Cfg>(acc, block);
+          const int row_block = Cfg::pingpong ? block : consumer;
+          const int64_t block_row = first_row + 64 * block;
+          // ---- Epilogue by TMA stores (maps.c_by_tma; varlen M: these 64 rows wholly inside the group) ----
+          const bool by_tma = tma_stores && (varlen_k || block_row + 64 <= t.m_end);
+          if constexpr (defers_store) {
+            if (by_tma) {
+              deferred.take(p, &maps.c, block_acc, t, buffers, consumer, wg_tid);
+              continue;
+            }
+          }
+          // The TMA boxes take turns on two buffers inside this consumer's staging rows, and a row block may end on
+          // either (fewer boxes at the last column tile), so a block's epilogue, by TMA or by the threads, starts once
+          // every earlier store has read its buffer (long since: a mainloop or a row block ago).
+          if (tma_stores && wg_tid == 0) bulk_wait_group_read<0>();
+          if (by_tma) {
+            if constexpr (gated)
+              store_gated_tile_by_tma<T, Cfg>(p, maps, block_acc, buffers, t, row_block, consumer, wg_tid);
+            else if (varlen_k && p.c_fp32)
+              store_tile_by_tma<float, Cfg>(p, &maps.c, block_acc, buffers, t, row_block, consumer, wg_tid);
+            else if (varlen_k && p.c_transposed)
+              store_tile_transposed_by_tma<T, Cfg>(p, &maps.c, block_acc, buffers, t, consumer, wg_tid);
+            else
+              store_tile_by_tma<T, Cfg>(p, &maps.c, block_acc, buffers, t, row_block, consumer, wg_tid);
+            continue;
+          }
+          // ---- Epilogue by the threads: 64-column chunks through the staging rows ----
+          store_tile_by_threads<T, Cfg, varlen_k, gated>(p, act, block_acc, staging, t, block_row, split_glu,
+                                                         interleaved, consumer, wg_tid);
+        }
       }
     }
     // The last tile's boxes.
@@ -233,11 +267,11 @@ __global__ void __launch_bounds__(Cfg::threads, 1)
 
 // The definition behind grouped_gemm_wgmma.h's declaration; each grouped_gemm_wgmma_<dtype>_<tile>.cu explicitly
 // instantiates one.
-template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated>
+template <int32_t Dtype, GemmTile Tile, Operands Op, bool Activated, GemmSchedule Schedule>
 void launch_wgmma_tiles(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
                         cudaStream_t stream) {
   using T = typename StorageFor<Dtype>::type;
-  using Cfg = typename WgmmaTileFor<Tile>::type;
+  using Cfg = typename WgmmaTileFor<Tile, Schedule>::type;
   const int64_t bound = Op == Operands::varlen_k ? varlen_k_tile_count(p, Cfg::bm) : p.m_tiles * p.n_tiles;
   if (bound == 0) return;
   auto kernel = grouped_gemm_wgmma_kernel<T, Cfg, Op, Activated>;

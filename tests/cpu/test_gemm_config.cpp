@@ -24,6 +24,7 @@ using moekit::GemmConfig;
 using moekit::GemmDevice;
 using moekit::GemmKernel;
 using moekit::GemmOverrides;
+using moekit::GemmSchedule;
 using moekit::GemmPath;
 using moekit::GemmPathOverride;
 using moekit::GemmShape;
@@ -60,6 +61,12 @@ GemmOverrides tile_override(GemmTile tile, GemmPathOverride path = GemmPathOverr
   GemmOverrides o = path_override(path);
   o.tile_forced = true;
   o.tile = tile;
+  return o;
+}
+
+GemmOverrides schedule_override(GemmSchedule schedule, GemmOverrides o = GemmOverrides{}) {
+  o.schedule_forced = true;
+  o.schedule = schedule;
   return o;
 }
 
@@ -119,13 +126,13 @@ std::string show(const GemmKernel& k) {
          std::to_string(k.cluster) + (k.transposed ? " transposed" : "") + (k.pad_tile_pairs ? " pad" : "") +
          " a " + std::to_string(static_cast<int>(k.a)) + " b " + std::to_string(static_cast<int>(k.b)) + " c " +
          std::to_string(static_cast<int>(k.c)) + " epilogue " + std::to_string(static_cast<int>(k.epilogue)) +
-         " ctas " + std::to_string(k.ctas);
+         " ctas " + std::to_string(k.ctas) + (k.schedule == GemmSchedule::pingpong ? " pingpong" : "");
 }
 
 bool same_kernel(const GemmKernel& x, const GemmKernel& y) {
   return x.path == y.path && x.tile == y.tile && x.cluster == y.cluster && x.transposed == y.transposed &&
          x.pad_tile_pairs == y.pad_tile_pairs && x.a == y.a && x.b == y.b && x.c == y.c && x.epilogue == y.epilogue &&
-         x.ctas == y.ctas;
+         x.ctas == y.ctas && x.schedule == y.schedule;
 }
 
 bool same_layout(const GemmWorkspaceLayout& x, const GemmWorkspaceLayout& y) {
@@ -200,6 +207,8 @@ constexpr uint32_t kPlainCall = kBetaZero | kUnitAlphaNoBias | kStrides32Bit;
 //  - the path: MOEKIT_GEMM_PATH = "mma" or a problem the wgmma kernel cannot run: mma.sync; "wgmma": wgmma, single
 //    CTAs; "wgmma_pair": wgmma in clusters of 2 (where the product pairs); by default wgmma, paired for GATED and
 //    DGATED with k >= 4096 and for varlen K with max_rows >= 512 * groups;
+//  - varlen M runs the schedule MOEKIT_GEMM_SCHEDULE names; by default ping-pong for STORE and BIAS at 128x128
+//    tiles with k <= 1024, cooperative else; ping-pong always at 128x128 tiles;
 //  - varlen M writes C by TMA stores for STORE with beta = 0 into C of the operand dtype, and GATED's h and a for a
 //    gated activation in the CONCAT layout with alpha = 1, no bias and I = n/2 a multiple of 64; the threads store
 //    every other product (BIAS, DGATED, ...); clusters of 2 pad the row-tile list;
@@ -230,6 +239,12 @@ GemmKernel expected_kernel(const moekit_gemm_desc_t& d, const GemmDevice& device
   k.ctas = device.sm_count;
   k.epilogue = OperandMove::cp_async;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
+    const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
+    const bool pingpong_default = tile == GemmTile::m128_n128 && plain && d.k <= 1024;
+    k.schedule = env.schedule_forced ? env.schedule
+                 : pingpong_default  ? GemmSchedule::pingpong
+                                     : GemmSchedule::cooperative;
+    if (k.schedule == GemmSchedule::pingpong) k.tile = GemmTile::m128_n128;
     bool by_tma = false;
     if (d.epilogue == MOEKIT_EPILOGUE_GATED)
       by_tma = is_gated(d.activation) && d.glu_layout == MOEKIT_GLU_CONCAT && call.unit_alpha_no_bias && d.n > 0 &&
@@ -277,6 +292,7 @@ struct ClearGemmEnvironment {
   ~ClearGemmEnvironment() {
     unsetenv("MOEKIT_GEMM_PATH");
     unsetenv("MOEKIT_GEMM_TILE");
+    unsetenv("MOEKIT_GEMM_SCHEDULE");
   }
 };
 
@@ -372,6 +388,58 @@ TEST_CASE("gemm config: MOEKIT_GEMM_PATH reads as the path override", "[gemm]") 
   unsetenv("MOEKIT_GEMM_PATH");
   CHECK(gemm_overrides_from_environment().path == GemmPathOverride::none);
   CHECK_FALSE(gemm_overrides_from_environment().tile_forced);
+}
+
+TEST_CASE("gemm config: MOEKIT_GEMM_SCHEDULE runs varlen M ping-pong at 128x128", "[gemm]") {
+  ClearGemmEnvironment clear;
+  CHECK_FALSE(gemm_overrides_from_environment().schedule_forced);
+  setenv("MOEKIT_GEMM_SCHEDULE", "pingpong", 1);
+  const GemmOverrides env = gemm_overrides_from_environment();
+  CHECK(env.schedule_forced);
+  CHECK(env.schedule == GemmSchedule::pingpong);
+  setenv("MOEKIT_GEMM_SCHEDULE", "cooperative", 1);
+  CHECK(gemm_overrides_from_environment().schedule == GemmSchedule::cooperative);
+  setenv("MOEKIT_GEMM_SCHEDULE", "ping-pong", 1);  // not a name the override takes
+  CHECK_FALSE(gemm_overrides_from_environment().schedule_forced);
+
+  // Every varlen-M variant of the wgmma kernel, whatever tile the heuristic or MOEKIT_GEMM_TILE names; varlen K and
+  // the mma.sync kernel stay cooperative.
+  const moekit_gemm_desc_t wide = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_STORE, 0, 128, 131072, 2048, 4096);
+  for (const GemmOverrides& o : {env, schedule_override(GemmSchedule::pingpong, tile_override(GemmTile::m128_n256))}) {
+    const GemmConfig c = config(wide, o);
+    for (int i = 0; i < c.count; ++i) {
+      CHECK(c.variants[i].kernel.schedule == GemmSchedule::pingpong);
+      CHECK(c.variants[i].kernel.tile == GemmTile::m128_n128);
+    }
+    CHECK(describe_gemm_config(wide, c).find("wgmma 128x128 ping-pong") != std::string::npos);
+    CHECK(c.workspace.n_tiles == 2048 / 128);
+  }
+  // By default: ping-pong where the tile is 128x128 for STORE and BIAS with k <= 1024, nowhere else.
+  const auto schedule = [](moekit_gemm_desc_t d, GemmOverrides o = GemmOverrides{}) {
+    return config(d, o).variants[0].kernel.schedule;
+  };
+  moekit_gemm_desc_t narrow = desc(MOEKIT_GEMM_VARLEN_M, MOEKIT_EPILOGUE_STORE, 0, 64, 65536, 128, 1024);
+  CHECK(schedule(narrow) == GemmSchedule::pingpong);
+  narrow.epilogue = MOEKIT_EPILOGUE_BIAS;
+  CHECK(schedule(narrow) == GemmSchedule::pingpong);
+  narrow.k = 1032;
+  CHECK(schedule(narrow) == GemmSchedule::cooperative);
+  narrow.k = 512;
+  CHECK(schedule(narrow, tile_override(GemmTile::m128_n256)) == GemmSchedule::cooperative);
+  CHECK(schedule(wide) == GemmSchedule::cooperative);                                    // 128x256
+  CHECK(schedule(wide, tile_override(GemmTile::m128_n128)) == GemmSchedule::cooperative);  // k = 4096
+  moekit_gemm_desc_t gated = narrow;
+  gated.epilogue = MOEKIT_EPILOGUE_GATED;
+  gated.activation = MOEKIT_ACT_SWIGLU;
+  CHECK(schedule(gated) == GemmSchedule::cooperative);
+  const GemmConfig wgrad = config(desc(MOEKIT_GEMM_VARLEN_K, MOEKIT_EPILOGUE_STORE, 0, 8, 4096, 512, 256), env);
+  for (int i = 0; i < wgrad.count; ++i) CHECK(wgrad.variants[i].kernel.schedule == GemmSchedule::cooperative);
+  const GemmConfig mma = config(wide, [&] {
+    GemmOverrides o = env;
+    o.path = GemmPathOverride::mma;
+    return o;
+  }());
+  CHECK(mma.variants[0].kernel.schedule == GemmSchedule::cooperative);
 }
 
 TEST_CASE("gemm config: the workspace holds every row tile and every DGATED partial", "[gemm]") {
@@ -863,6 +931,10 @@ TEST_CASE("gemm config: over a sweep of problems, overrides, devices and calls, 
     overrides.push_back(path_override(path));
     overrides.push_back(tile_override(GemmTile::m128_n256, path));
     overrides.push_back(tile_override(GemmTile::m128_n128, path));
+    for (GemmSchedule schedule : {GemmSchedule::cooperative, GemmSchedule::pingpong}) {
+      overrides.push_back(schedule_override(schedule, path_override(path)));
+      overrides.push_back(schedule_override(schedule, tile_override(GemmTile::m128_n256, path)));
+    }
   }
   const GemmDevice devices[] = {kH200, GemmDevice{78, 9, 0}, GemmDevice{kSms, 8, 0}};
   std::vector<Call> calls;

@@ -810,8 +810,9 @@ TEST_CASE("gemm: the default paired kernels give the single-CTA kernel's bits", 
 
 // Every kernel configuration a plan may hold for a product must give the same bits, so that which one runs (the
 // heuristic, an override, a tuned choice) never changes a result: both tiles and both cluster sizes of the wgmma
-// kernel, and both tiles of the mma.sync kernel, over counts that are no tile multiple and empty groups, for every
-// mode and epilogue (DGATED's dscores too: one partial per 64-column chunk, whatever the tile).
+// kernel, its ping-pong schedule, and both tiles of the mma.sync kernel, over counts that are no tile multiple and
+// empty groups and sizes that are no multiple of 64, for every mode and epilogue (DGATED's dscores too: one partial
+// per 64-column chunk, whatever the tile).
 TEST_CASE("gemm: every tile and cluster candidate gives the same bits", "[gemm][wgmma]") {
   const char* forced = std::getenv("MOEKIT_GEMM_PATH");
   if (forced != nullptr && std::string(forced) == "mma") return;  // the suite's mma.sync run forces every path
@@ -853,13 +854,21 @@ TEST_CASE("gemm: every tile and cluster candidate gives the same bits", "[gemm][
     wgrad.beta = 1.0;
     cases.push_back(wgrad);
   }
+  Case tails = store;  // k and n multiples of 8, not of 64
+  tails.epilogue = MOEKIT_EPILOGUE_STORE;
+  tails.bias = false;
+  tails.k = 136;
+  tails.n = 264;
+  cases.push_back(tails);
   struct Candidate {
     const char* path;
     const char* tile;
+    const char* schedule;
   };
-  const Candidate wgmma[] = {{"wgmma", "128x256"}, {"wgmma", "128x128"}, {"wgmma_pair", "128x256"},
-                             {"wgmma_pair", "128x128"}};
-  const Candidate mma[] = {{"mma", "128x256"}, {"mma", "128x128"}};
+  const Candidate wgmma[] = {{"wgmma", "128x256", "cooperative"},     {"wgmma", "128x128", "cooperative"},
+                             {"wgmma_pair", "128x256", "cooperative"}, {"wgmma_pair", "128x128", "cooperative"},
+                             {"wgmma", "128x128", "pingpong"},         {"wgmma_pair", "128x128", "pingpong"}};
+  const Candidate mma[] = {{"mma", "128x256", "cooperative"}, {"mma", "128x128", "cooperative"}};
   int compared = 0;
   for (const Case& cs : cases) {
     INFO(cs.name());
@@ -871,10 +880,12 @@ TEST_CASE("gemm: every tile and cluster candidate gives the same bits", "[gemm][
         Inputs run = in;
         run.cs.tile = candidate.tile;
         const ScopedEnv path("MOEKIT_GEMM_PATH", candidate.path);
+        const ScopedEnv schedule("MOEKIT_GEMM_SCHEDULE", candidate.schedule);
         runs.push_back(run_cuda(handles.cuda, run));
       }
       for (size_t i = 1; i < runs.size(); ++i) {
-        INFO(family[i].path << " " << family[i].tile << " against " << family[0].path << " " << family[0].tile);
+        INFO(family[i].path << " " << family[i].tile << " " << family[i].schedule << " against " << family[0].path
+                            << " " << family[0].tile << " " << family[0].schedule);
         REQUIRE(runs[i].c.bytes_equal(runs[0].c));
         if (in.gated || in.dgated) REQUIRE(runs[i].act.bytes_equal(runs[0].act));
         if (in.dgated) REQUIRE(runs[i].dscores.bytes_equal(runs[0].dscores));
@@ -882,7 +893,7 @@ TEST_CASE("gemm: every tile and cluster candidate gives the same bits", "[gemm][
       }
     }
   }
-  CHECK(compared == 9 * (3 + 1));
+  CHECK(compared == 10 * (5 + 1));
 }
 
 TEST_CASE("gemm: what the CUDA kernels cannot take is NOT_SUPPORTED", "[gemm]") {

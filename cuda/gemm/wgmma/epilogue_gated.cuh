@@ -15,18 +15,20 @@ namespace cuda {
 namespace gemm {
 
 // GATED with h and a written by TMA (maps.c_by_tma: a gated activation, CONCAT, alpha = 1, no bias, I a multiple
-// of 64), one consumer's 64 rows wholly inside the tile's group. Gate column c and up column c of the tile's
-// activation columns are product blocks i and BN / 16 + i, held by the same thread, so a = act(h) is formed in
-// registers: no fp32 staging, no row loop. Per 64 activation columns j0.. three boxes (epilogue_box_by_tma): h's
-// gate columns (C at j0), h's up columns (C at I + j0) and a's (maps.act at j0), rounded where epilogue_gated_glu
-// rounds them (a from the rounded h), so the bits are those of the threads' epilogue. The activation kind is
-// switched once per up box, where a is formed (each kind's copy of that code is the only one a run executes).
+// of 64), rows 64 row_block..+63 of the tile (a consumer's; acc their accumulators) wholly inside the tile's group.
+// Gate column c and up column c of the tile's activation columns are product blocks i and BN / 16 + i, held by the
+// same thread, so a = act(h) is formed in registers: no fp32 staging, no row loop. Per 64 activation columns j0..
+// three boxes (epilogue_box_by_tma): h's gate columns (C at j0), h's up columns (C at I + j0) and a's (maps.act at
+// j0), rounded where epilogue_gated_glu rounds them (a from the rounded h), so the bits are those of the threads'
+// epilogue. The activation kind is switched once per up box, where a is formed (each kind's copy of that code is the
+// only one a run executes).
 template <class T, class Cfg>
 __device__ __forceinline__ void store_gated_tile_by_tma(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps,
                                                         const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
-                                                        const WgmmaTile& t, int consumer, int wg_tid) {
+                                                        const WgmmaTile& t, int row_block, int consumer,
+                                                        int wg_tid) {
   constexpr int BN = Cfg::bn;
-  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
+  const auto y = static_cast<int32_t>(t.m0 + 64 * row_block);
   const uint32_t lane_offset = accumulator_box_offset<sizeof(T)>(wg_tid);
   // The rounded h of value pair `half` of gate block 8 chunk + i (up: false) or of its up block (up: true).
   const auto h_pair = [&](int chunk, int i, int half, bool up) {

@@ -11,6 +11,7 @@
 #include "cuda/gemm/gemm_tile_parts.cuh"
 #include "cuda/gemm/grouped_gemm.h"
 #include "cuda/gemm/wgmma/pipeline.cuh"
+#include "cuda/gemm/wgmma/tile_config.cuh"
 #include "cuda/gemm/wgmma/tile_scheduler.cuh"
 
 namespace moekit {
@@ -56,28 +57,32 @@ __device__ __forceinline__ void stage_chunk(const float (&acc)[Cfg::bn / 2], int
   }
 }
 
-// stage_chunk for a chunk index that may be known at run time only (DGATED's chunk loop is not unrolled, for the
-// instruction cache): the accumulators need compile-time indices, so each chunk's staging code is selected here.
-template <class Cfg>
-__device__ __forceinline__ void stage_chunk_at(const float (&acc)[Cfg::bn / 2], int chunk, bool split_glu,
+// stage_chunk of row block `block` of the accumulators (N: one block's, or every block's) for a block and chunk that
+// may be known at run time only (DGATED's chunk loop is not unrolled, for the instruction cache): the accumulators
+// need compile-time indices, so each chunk's staging code is selected here.
+template <class Cfg, int N>
+__device__ __forceinline__ void stage_chunk_at(const float (&acc)[N], int block, int chunk, bool split_glu,
                                                bool interleaved, float* staging, int wg_tid) {
 #pragma unroll
-  for (int c = 0; c < Cfg::bn / Cfg::chunk_columns; ++c)
-    if (c == chunk) stage_chunk<Cfg>(acc, c, split_glu, interleaved, staging, wg_tid);
+  for (int b = 0; b < N / (Cfg::bn / 2); ++b)
+#pragma unroll
+    for (int c = 0; c < Cfg::bn / Cfg::chunk_columns; ++c)
+      if (b == block && c == chunk)
+        stage_chunk<Cfg>(row_block_accumulators<Cfg>(acc, b), c, split_glu, interleaved, staging, wg_tid);
 }
 
 // One chunk's products into consumer `consumer`'s staging rows, read once every thread of the consumer has written
 // its part.
-template <class Cfg>
-__device__ __forceinline__ void stage_chunk_synced(const float (&acc)[Cfg::bn / 2], int chunk, bool split_glu,
+template <class Cfg, int N>
+__device__ __forceinline__ void stage_chunk_synced(const float (&acc)[N], int block, int chunk, bool split_glu,
                                                    bool interleaved, float* staging, int consumer, int wg_tid) {
   consumer_barrier_sync(consumer);  // the previous chunk's staging reads are done
-  stage_chunk_at<Cfg>(acc, chunk, split_glu, interleaved, staging, wg_tid);
+  stage_chunk_at<Cfg>(acc, block, chunk, split_glu, interleaved, staging, wg_tid);
   consumer_barrier_sync(consumer);
 }
 
-// STORE, BIAS and GATED (gated: the GATED instantiation; split_glu: its activation is gated) by the threads, one
-// consumer's 64 rows of tile t from `first_row`: 64-column chunks through the staging rows, each thread 8 values of
+// STORE, BIAS and GATED (gated: the GATED instantiation; split_glu: its activation is gated) by the threads, 64 rows
+// of tile t from `first_row`, a consumer's (acc their accumulators): 64-column chunks through the staging rows, each thread 8 values of
 // one row (a gated activation: 8 gate and 8 up values, 4 threads to a row).
 template <class T, class Cfg, bool varlen_k, bool gated>
 __device__ __forceinline__ void store_tile_by_threads(const GroupedGemmProblem& p, const DeviceActivation& act,
@@ -95,7 +100,7 @@ __device__ __forceinline__ void store_tile_by_threads(const GroupedGemmProblem& 
     constexpr bool Scaled = decltype(scaled)::value;
 #pragma unroll
     for (int chunk = 0; chunk < BN / Cfg::chunk_columns; ++chunk) {
-      stage_chunk_synced<Cfg>(acc, chunk, split_glu, interleaved, staging, consumer, wg_tid);
+      stage_chunk_synced<Cfg>(acc, 0, chunk, split_glu, interleaved, staging, consumer, wg_tid);
 #pragma unroll 1
       for (int row = wg_tid / items_per_row; row < 64; row += rows_per_pass) {
         const int64_t r = first_row + row;

@@ -75,20 +75,20 @@ __device__ __forceinline__ void epilogue_box_by_tma(unsigned char* buffers, int 
   }
 }
 
-// STORE with C written by TMA (maps.c_by_tma), one consumer's 64 rows of tile t (varlen M: rows wholly inside the
-// tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n] as (n, m, E)). Out = T
-// (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store rounds them, are
-// stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
+// STORE with C written by TMA (maps.c_by_tma), rows 64 row_block..+63 of tile t, a consumer's (acc their
+// accumulators; varlen M: rows wholly inside the tile's group, C [rows, n] as (n, rows, 1); varlen K: C[e] [m, n] as
+// (n, m, E)). Out = T (beta = 0, C in the operand dtype): the values alpha product, rounded to T as epilogue_store
+// rounds them, are stored. Out = float (beta = 1, fp32 C): the fp32 values alpha product are added to C by TMA reduce-adds, which add
 // each element once in L2 (C + alpha product, the sum epilogue_store forms) with no read of C through the SM. One
 // box (epilogue_box_by_tma) per 64 rows x 128 bytes (64 T or 32 fp32 columns); TMA writes nothing outside C.
 template <class Out, class Cfg>
 __device__ __forceinline__ void store_tile_by_tma(const GroupedGemmProblem& p, const CUtensorMap* map,
                                                   const float (&acc)[Cfg::bn / 2], unsigned char* buffers,
-                                                  const WgmmaTile& t, int consumer, int wg_tid) {
+                                                  const WgmmaTile& t, int row_block, int consumer, int wg_tid) {
   constexpr bool add = sizeof(Out) == 4;
   constexpr int BN = Cfg::bn, box_columns = 128 / sizeof(Out), box_blocks = box_columns / 8;
   const int64_t n0 = t.n_tile * BN;
-  const auto y = static_cast<int32_t>(t.m0 + 64 * consumer);
+  const auto y = static_cast<int32_t>(t.m0 + 64 * row_block);
   const auto z = static_cast<int32_t>(p.mode == MOEKIT_GEMM_VARLEN_K ? t.group : 0);
   const uint32_t lane_offset = accumulator_box_offset<sizeof(Out)>(wg_tid);
 #pragma unroll

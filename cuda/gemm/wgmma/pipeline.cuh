@@ -1,7 +1,7 @@
 // The wgmma grouped GEMM's synchronisation (grouped_gemm_wgmma_kernel.cuh): the ring of Cfg::stages operand slots
 // between the producer warpgroup and the consumers — where a role stands in it (PipelineState: slot index and phase
 // parity), each slot's `full` and `empty` mbarriers and the consumers' release of a slot, alone or paired across a
-// cluster of 2 — and the named barriers (bar.sync ids) of the CTA.
+// cluster of 2 — the named barriers (bar.sync ids) of the CTA, and ping-pong's turns on the ring.
 #pragma once
 
 #include <cstdint>
@@ -16,17 +16,35 @@ namespace gemm {
 // The kernel's named barriers (bar.sync ids; 0 is __syncthreads, 1 is free). Each consumer warpgroup's 128 threads
 // synchronise alone on their own id around their staging rows and TMA store boxes, so the other consumer and the
 // producer go on.
+// Ping-pong: the hand-off of the ring from one consumer to the other (pingpong_hand_off).
 enum class NamedBarrier : int {
   consumer0_epilogue = 2,  // consumer warpgroup 0; consumer c's is consumer0_epilogue + c
   consumer1_epilogue = 3,
+  hand_off_to_consumer0 = 4,  // consumer c's is hand_off_to_consumer0 + c
+  hand_off_to_consumer1 = 5,
 };
 static_assert(static_cast<int>(NamedBarrier::consumer1_epilogue) ==
-                  static_cast<int>(NamedBarrier::consumer0_epilogue) + 1,
-              "consumer c's barrier id is consumer0_epilogue + c");
+                      static_cast<int>(NamedBarrier::consumer0_epilogue) + 1 &&
+                  static_cast<int>(NamedBarrier::hand_off_to_consumer1) ==
+                      static_cast<int>(NamedBarrier::hand_off_to_consumer0) + 1,
+              "consumer c's barrier ids are consumer0_epilogue + c and hand_off_to_consumer0 + c");
 
 // Consumer `consumer`'s 128 threads wait for each other (NamedBarrier::consumer0_epilogue + consumer).
 __device__ __forceinline__ void consumer_barrier_sync(int consumer) {
   named_barrier_sync(static_cast<int>(NamedBarrier::consumer0_epilogue) + consumer, 128);
+}
+
+// Ping-pong's turns on the ring: a consumer starts a tile's main loop once the other has waited for every entry of
+// its own previous tile (take_turn), and hands the ring over once it has waited for all of its tile's (hand_over).
+// NOTE: the ring's waits go by phase parity, which cannot tell a slot's fill for entry c from that for c - 2 Stages,
+// so no consumer may wait for entry c before entry c - Stages has landed; a consumer that skipped the other's tile
+// would otherwise take that tile's data for its own. The turns also keep the tensor cores to one main loop at a
+// time, the other consumer's epilogue running beside it.
+__device__ __forceinline__ void pingpong_take_turn(int consumer) {
+  named_barrier_sync(static_cast<int>(NamedBarrier::hand_off_to_consumer0) + consumer, 256);
+}
+__device__ __forceinline__ void pingpong_hand_over(int consumer) {
+  named_barrier_arrive(static_cast<int>(NamedBarrier::hand_off_to_consumer0) + (consumer ^ 1), 256);
 }
 
 // Where a role stands in the ring of Stages slots: `count` ring uses so far, across tiles (the producer and each
@@ -41,6 +59,8 @@ struct PipelineState {
   // The slot of the use before this one.
   __device__ __forceinline__ uint32_t previous_index() const { return (count - 1) % Stages; }
   __device__ __forceinline__ void advance() { ++count; }
+  // Past `uses` entries another role reads (ping-pong: the other consumer's tile).
+  __device__ __forceinline__ void skip(uint32_t uses) { count += uses; }
 };
 
 // The ring's mbarriers in shared memory, 8 bytes each: full[Stages] (the operands of a slot landed) and

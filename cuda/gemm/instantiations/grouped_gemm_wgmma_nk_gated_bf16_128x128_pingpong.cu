@@ -1,0 +1,9 @@
+// The sm_90a grouped GEMM tile kernel (wgmma) for varlen M, B [E, n, k], the GATED epilogue, bf16 operands, 128x128
+// tiles, ping-pong consumers (one instantiation per translation unit).
+#include "cuda/gemm/grouped_gemm_wgmma_kernel.cuh"
+
+template void moekit::cuda::gemm::launch_wgmma_tiles<MOEKIT_DTYPE_BF16, moekit::GemmTile::m128_n128,
+                                                     moekit::cuda::gemm::Operands::varlen_m_nk, true,
+                                                     moekit::GemmSchedule::pingpong>(
+    const moekit::cuda::gemm::GroupedGemmProblem&, const moekit::cuda::gemm::WgmmaOperandMaps&, int, bool,
+    cudaStream_t);
