@@ -9,8 +9,9 @@
 # by spaces, each a comma-separated list (default below: both tiles single and paired, and ping-pong single and
 # paired); the plan's default choice runs first, as the baseline. Output folder: $OUT (default
 # /tmp/moekit-tune-out): builds.md and builds.tgz (compare_builds.sh's), and winners.tsv, one row per case: its
-# product class (mode, epilogue, gather, n, k, mean rows per group), the default's median TFLOP/s, the fastest
-# candidate, its median, their ratio and the lowest and highest ratio of one round; also on stdout.
+# product class (mode, epilogue, gather, b_layout, n, k, mean rows per group), the default's median TFLOP/s, the
+# fastest candidate, its median, their ratio and the lowest and highest ratio of one round; also on stdout.
+# bench/device/tuning_table.py turns winners.tsv into rows of cuda/gemm/gemm_tuning_sm90.tsv.
 set -uo pipefail
 bench=${1:?usage: tune_gemm.sh BENCH CONFIG [REGEX]}
 config=${2:?usage: tune_gemm.sh BENCH CONFIG [REGEX]}
@@ -39,7 +40,7 @@ for path in glob.glob(os.path.join(runs, "b*_r*.json")):
             continue
         rates.setdefault(case["name"], {}).setdefault(build, {})[round_] = case["tflops"]
         records.setdefault(case["name"], case)
-print("\t".join(["case", "mode", "epilogue", "gather", "n", "k", "rows_per_group", "default_tflops", "best",
+print("\t".join(["case", "mode", "epilogue", "gather", "b_layout", "n", "k", "rows_per_group", "default_tflops", "best",
                  "best_tflops", "best_over_default", "per_round"]))
 for name, by_build in rates.items():
     medians = {b: statistics.median(r.values()) for b, r in by_build.items()}
@@ -50,6 +51,7 @@ for name, by_build in rates.items():
     cfg = ast.literal_eval(records[name]["config"]) if isinstance(records[name]["config"], str) else records[name]["config"]
     rows = (records[name].get("routing") or {}).get("counts", {}).get("mean", "")
     print("\t".join(str(v) for v in [name, cfg.get("mode", ""), cfg.get("epilogue", "store"), cfg.get("gather", "none"),
+                                     cfg.get("b_layout", "nk"),
                                      cfg.get("n", ""), cfg.get("k", ""), rows, f"{medians[0]:.0f}", names[best],
                                      f"{medians[best]:.0f}", f"{medians[best] / medians[0]:.3f}",
                                      f"{min(rounds):.3f}-{max(rounds):.3f}"]))

@@ -6,6 +6,7 @@
 
 #include "cuda/common/alignment.h"
 #include "cuda/common/activation_kind.h"
+#include "cuda/gemm/gemm_tuning.h"
 
 namespace moekit {
 inline namespace v0 {
@@ -165,8 +166,16 @@ const char* gather_name(int32_t gather) {
   return gather == MOEKIT_GEMM_GATHER_A ? ", A gathered" : gather == MOEKIT_GEMM_GATHER_B ? ", B gathered" : "";
 }
 
-GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env) {
-  const GemmTile tile = env.tile_forced ? env.tile : choose_gemm_tile(gemm_shape(d), device.sm_count);
+GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env,
+                           const std::vector<GemmTuningRow>& table) {
+  // A measured winner of the descriptor's class, where the table has one (compute capability 9.0; without a path
+  // override), in place of the heuristic's tile, pairing and schedule.
+  const bool measured_device = device.cc_major == 9 && device.cc_minor == 0;
+  const GemmTuningRow* tuned =
+      measured_device && env.path == GemmPathOverride::none ? find_gemm_tuning_row(table, d) : nullptr;
+  const GemmTile tile = env.tile_forced ? env.tile
+                        : tuned         ? tuned->tile
+                                        : choose_gemm_tile(gemm_shape(d), device.sm_count);
   GemmConfig config{};
   const GemmKernel fallback = mma_sync_kernel(d, tile);
   // NOTE: measured on the H200 against mma.sync: varlen K (weight gradients) 1.43-1.69x at the bench's 24 shapes;
@@ -176,10 +185,12 @@ GemmConfig choose_variants(const moekit_gemm_desc_t& d, const GemmDevice& device
     return config;
   }
   const bool paired = env.path == GemmPathOverride::wgmma_pair ||
-                      (env.path == GemmPathOverride::none && pairs_by_default(d));
+                      (env.path == GemmPathOverride::none && (tuned ? tuned->cluster == 2 : pairs_by_default(d)));
   const bool out_fp32 = d.out_dtype == MOEKIT_DTYPE_FP32;
   if (d.mode == MOEKIT_GEMM_VARLEN_M) {
-    const GemmSchedule schedule = env.schedule_forced ? env.schedule : default_schedule(d, tile);
+    const GemmSchedule schedule = env.schedule_forced ? env.schedule
+                                  : tuned             ? tuned->schedule
+                                                      : default_schedule(d, tile);
     const GemmKernel kernel = varlen_m_kernel(d, tile, schedule, paired, device.sm_count);
     GemmKernel by_tma = kernel;
     by_tma.c = OutputMove::tma_store;
@@ -290,10 +301,15 @@ bool wgmma_capable(const moekit_gemm_desc_t& d, const GemmDevice& device) {
   return d.mode == MOEKIT_GEMM_VARLEN_M && epilogue && d.k > 0;
 }
 
-GemmConfig choose_gemm_config(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env) {
-  GemmConfig config = choose_variants(d, device, env);
+GemmConfig choose_gemm_config(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env,
+                              const std::vector<GemmTuningRow>& table) {
+  GemmConfig config = choose_variants(d, device, env, table);
   config.workspace = gemm_workspace_layout(d, config);
   return config;
+}
+
+GemmConfig choose_gemm_config(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env) {
+  return choose_gemm_config(d, device, env, builtin_gemm_tuning_table());
 }
 
 std::string describe_gemm_config(const moekit_gemm_desc_t& d, const GemmConfig& config) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moekit/moekit.h"
 
@@ -153,11 +154,18 @@ GemmTile choose_gemm_tile(const GemmShape& shape, int sm_count);
 bool wgmma_capable(const moekit_gemm_desc_t& desc, const GemmDevice& device);
 
 // The configuration of a validated descriptor (capi/ and plan_grouped_gemm have checked what the kernels need).
-// By default: the wgmma kernel wherever it is capable (measured faster for every mode and epilogue it takes), in
-// clusters of 2 for GATED and DGATED with k >= 4096 and for varlen K with at least 512 rows per group on average
-// (max_rows / groups) where the product pairs; the mma.sync kernel elsewhere. The overrides replace the path and the
-// tile.
+// By default: the wgmma kernel wherever it is capable (measured faster for every mode and epilogue it takes), with
+// the tile, cluster and schedule of the table of measured winners (cuda/gemm/gemm_tuning.h; compute capability 9.0)
+// where the descriptor's class has a row, else the heuristic's: choose_gemm_tile, clusters of 2 for GATED and DGATED
+// with k >= 4096 and for varlen K with at least 512 rows per group on average (max_rows / groups) where the product
+// pairs, and default_schedule's; the mma.sync kernel elsewhere. The overrides replace the path (and then the
+// table's row), the tile and the schedule.
 GemmConfig choose_gemm_config(const moekit_gemm_desc_t& desc, const GemmDevice& device, const GemmOverrides& env);
+
+struct GemmTuningRow;
+// The same with `table` in place of the library's table of measured winners (the CPU tests' own tables).
+GemmConfig choose_gemm_config(const moekit_gemm_desc_t& desc, const GemmDevice& device, const GemmOverrides& env,
+                              const std::vector<GemmTuningRow>& table);
 
 // The configuration as one line of text ("store, B gathered, bf16 -> bf16: if beta = 0, row strides < 2^31: wgmma
 // 128x256, 2-CTA clusters (B multicast), ...; otherwise: ...").

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cuda/gemm/gemm_config.h"
+#include "cuda/gemm/gemm_tuning.h"
 
 #if MOEKIT_WITH_CUDA
 #include "cuda/gemm/grouped_gemm_wgmma.h"
@@ -203,7 +204,8 @@ uint32_t facts(const Call& call) {
 // A call of the layer: beta = 0, alpha = 1, no bias, row strides below 2^31.
 constexpr uint32_t kPlainCall = kBetaZero | kUnitAlphaNoBias | kStrides32Bit;
 
-// The kernel a call runs, by the rules written out on their own:
+// The kernel a call runs, by the rules written out on their own (a row of the library's table of measured winners,
+// on compute capability 9.0 without a path override, replaces the heuristic's tile, pairing and schedule):
 //  - the path: MOEKIT_GEMM_PATH = "mma" or a problem the wgmma kernel cannot run: mma.sync; "wgmma": wgmma, single
 //    CTAs; "wgmma_pair": wgmma in clusters of 2 (where the product pairs); by default wgmma, paired for GATED and
 //    DGATED with k >= 4096 and for varlen K with max_rows >= 512 * groups;
@@ -218,7 +220,13 @@ constexpr uint32_t kPlainCall = kBetaZero | kUnitAlphaNoBias | kStrides32Bit;
 //    when pairing is wanted, B (as run) is not gathered and the m tiles of 128 rows come in an even count.
 GemmKernel expected_kernel(const moekit_gemm_desc_t& d, const GemmDevice& device, const GemmOverrides& env,
                            const Call& call) {
-  const GemmTile tile = env.tile_forced ? env.tile : choose_gemm_tile(gemm_shape(d), device.sm_count);
+  const moekit::GemmTuningRow* tuned = device.cc_major == 9 && device.cc_minor == 0 &&
+                                               env.path == GemmPathOverride::none
+                                           ? moekit::find_gemm_tuning_row(moekit::builtin_gemm_tuning_table(), d)
+                                           : nullptr;
+  const GemmTile tile = env.tile_forced ? env.tile
+                        : tuned         ? tuned->tile
+                                        : choose_gemm_tile(gemm_shape(d), device.sm_count);
   GemmKernel mma{};
   mma.path = GemmPath::mma_sync;
   mma.tile = tile;
@@ -231,7 +239,8 @@ GemmKernel expected_kernel(const moekit_gemm_desc_t& d, const GemmDevice& device
   const bool activated = d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED;
   const bool default_pair = d.mode == MOEKIT_GEMM_VARLEN_M ? activated && d.k >= 4096
                                                             : d.max_rows >= 512 * d.groups;
-  const bool pair = env.path == GemmPathOverride::wgmma_pair || (env.path == GemmPathOverride::none && default_pair);
+  const bool pair = env.path == GemmPathOverride::wgmma_pair ||
+                    (env.path == GemmPathOverride::none && (tuned ? tuned->cluster == 2 : default_pair));
   const bool c_fp32 = d.out_dtype == MOEKIT_DTYPE_FP32;
   GemmKernel k{};
   k.path = GemmPath::wgmma;
@@ -242,6 +251,7 @@ GemmKernel expected_kernel(const moekit_gemm_desc_t& d, const GemmDevice& device
     const bool plain = d.epilogue == MOEKIT_EPILOGUE_STORE || d.epilogue == MOEKIT_EPILOGUE_BIAS;
     const bool pingpong_default = tile == GemmTile::m128_n128 && plain && d.k <= 1024;
     k.schedule = env.schedule_forced ? env.schedule
+                 : tuned             ? tuned->schedule
                  : pingpong_default  ? GemmSchedule::pingpong
                                      : GemmSchedule::cooperative;
     if (k.schedule == GemmSchedule::pingpong) k.tile = GemmTile::m128_n128;

@@ -33,9 +33,9 @@ ROUNDS=2 OUT="$work/out" CANDIDATES="MOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_TILE=128
 expected_settings=$'//\nwgmma/128x128/\nwgmma_pair//\n//\nwgmma/128x128/\nwgmma_pair//'
 [[ $(cat "$work/settings") == "$expected_settings" ]] || fail "settings per run: $(cat "$work/settings")"
 winners=$(cat "$work/out/winners.tsv")
-grep -qP '^gemm_a\tvarlen_m\tgated\ta\t512\t768\t512.0\t100\tMOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_TILE=128x128\t120\t1.200\t1.200-1.200$' \
+grep -qP '^gemm_a\tvarlen_m\tgated\ta\tnk\t512\t768\t512.0\t100\tMOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_TILE=128x128\t120\t1.200\t1.200-1.200$' \
   <<<"$winners" || fail "gemm_a row: $winners"
-grep -qP '^gemm_b\tvarlen_k\tstore\tnone\t256\t1024\t\t200\tdefault\t200\t1.000\t1.000-1.000$' <<<"$winners" ||
+grep -qP '^gemm_b\tvarlen_k\tstore\tnone\tnk\t256\t1024\t\t200\tdefault\t200\t1.000\t1.000-1.000$' <<<"$winners" ||
   fail "gemm_b row: $winners"
 cmp -s "$work/stdout" "$work/out/winners.tsv" || fail "stdout should be winners.tsv"
 grep -qF "build 1: MOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_TILE=128x128 $work/moekit-bench" "$work/out/builds.md" ||
