@@ -1,4 +1,5 @@
-"""ctypes view of moekit.h: the structs, constants and functions the PyTorch layers and the token-major experts use.
+"""ctypes view of moekit.h: the structs, constants and functions the PyTorch layers use, and those of the experts on
+token-major rows (for expert-parallel code that calls the C API itself).
 
 Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
 MOEKIT_LIBRARY environment variable, the copy installed beside this file (a wheel's), or the loader's search path
