@@ -55,6 +55,14 @@ Struct& init_struct(const char* name, Struct* p) {
   return *p;
 }
 
+// The body of every layer's *_bwd_args_init: init_struct, then both gradient groups requested (the default).
+template <class BwdArgs>
+void init_backward_args(BwdArgs* args) {
+  BwdArgs& a = init_struct("args", args);
+  a.compute_input_grad = 1;
+  a.compute_weight_grad = 1;
+}
+
 // The body of every run function: plan, argument struct, the operation's tensor checks (`check(plan, args)`),
 // workspace; then `call(plan, args, workspace)` (which checks a layer's saved buffer and calls the backend).
 template <class Args, class Check, class Call>

@@ -57,11 +57,7 @@ MOEKIT_API moekit_status_t moekit_experts_fwd_args_init(moekit_experts_fwd_args_
 }
 
 MOEKIT_API moekit_status_t moekit_experts_bwd_args_init(moekit_experts_bwd_args_t* args) {
-  return translate([&] {
-    moekit_experts_bwd_args_t& a = init_struct("args", args);
-    a.compute_input_grad = 1;
-    a.compute_weight_grad = 1;
-  });
+  return translate([&] { init_backward_args(args); });
 }
 
 MOEKIT_API moekit_status_t moekit_experts_forward(moekit_plan_t plan, const moekit_experts_fwd_args_t* args,

@@ -98,11 +98,7 @@ MOEKIT_API moekit_status_t moekit_moe_fwd_args_init(moekit_moe_fwd_args_t* args)
 }
 
 MOEKIT_API moekit_status_t moekit_moe_bwd_args_init(moekit_moe_bwd_args_t* args) {
-  return translate([&] {
-    moekit_moe_bwd_args_t& a = init_struct("args", args);
-    a.compute_input_grad = 1;
-    a.compute_weight_grad = 1;
-  });
+  return translate([&] { init_backward_args(args); });
 }
 
 MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_moe_fwd_args_t* args, void* saved,

@@ -50,6 +50,10 @@ class Backend {
                                void* stream) = 0;
   virtual void experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void* saved,
                                 Workspace, void* stream) = 0;
+  virtual void token_experts_forward(const moekit_plan&, const moekit_token_experts_fwd_args_t&, void* saved,
+                                     Workspace, void* stream) = 0;
+  virtual void token_experts_backward(const moekit_plan&, const moekit_token_experts_bwd_args_t&, const void* saved,
+                                      Workspace, void* stream) = 0;
   virtual void sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void* saved, Workspace,
                                   void* stream) = 0;
   virtual void sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void* saved,

@@ -16,6 +16,7 @@ const char* op_kind_name(OpKind kind) {
     case OpKind::group_select: return "group selection";
     case OpKind::moe_layer: return "MoE layer";
     case OpKind::experts: return "experts layer";
+    case OpKind::token_experts: return "token-major experts layer";
     case OpKind::sparse_ffn_layer: return "sparse FFN layer";
   }
   return "unknown operation";

@@ -27,6 +27,7 @@ enum class OpKind {
   group_select,
   moe_layer,
   experts,
+  token_experts,
   sparse_ffn_layer,
 };
 
@@ -56,7 +57,7 @@ struct moekit_plan {
   moekit::OpKind kind;
   moekit_handle* handle;
   uint64_t id;  // unique in the process; stamped into saved buffers so another plan's buffer is rejected
-  // The descriptor of `kind`; the others are zero. experts uses `moe`; group_select uses `sparse_ffn`.
+  // The descriptor of `kind`; the others are zero. experts and token_experts use `moe`; group_select uses `sparse_ffn`.
   moekit_router_desc_t router;
   moekit_dispatch_desc_t dispatch;
   moekit_gemm_desc_t gemm;

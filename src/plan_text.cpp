@@ -40,6 +40,7 @@ std::string plan_summary(const moekit_plan& plan) {
       break;
     case OpKind::moe_layer:
     case OpKind::experts:
+    case OpKind::token_experts:
       text += dims({{"max tokens", plan.moe.max_tokens}, {"hidden", plan.moe.hidden},
                     {"intermediate", plan.moe.intermediate}, {"experts", plan.moe.experts}, {"top k", plan.moe.top_k}});
       break;

@@ -4,9 +4,10 @@
     python3 -P examples/python/test_moekit.py                                   # the installed package (a wheel)
 
 Forward and every gradient (x, router, experts) of the MoE layer and the sparse SwiGLU FFN in fp64, fp32 and bf16; the
-nn.Modules; no_grad inference; errors carrying the library's message; the ctypes structs' sizes; and, where torch
-has custom ops (2.4+), torch.library.opcheck and torch.compile(fullgraph=True). Exits 77 (CTest: skipped) with a
-message where torch cannot be imported.
+nn.Modules; no_grad inference; errors carrying the library's message; the ctypes structs' sizes; the experts on
+token-major rows called through the ctypes bindings against plain PyTorch (fp64); and, where torch has custom ops
+(2.4+), torch.library.opcheck and torch.compile(fullgraph=True). Exits 77 (CTest: skipped) with a message where torch
+cannot be imported.
 """
 import os
 import pathlib
@@ -24,7 +25,8 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 import layer_checks  # noqa: E402
 import moekit  # noqa: E402
 from moekit import _capi  # noqa: E402
-from moekit.reference import moe_reference, sparse_swiglu_reference  # noqa: E402
+from moekit import _runtime  # noqa: E402
+from moekit.reference import moe_reference, sparse_swiglu_reference, token_experts_reference  # noqa: E402
 
 LAYOUT = pathlib.Path(__file__).resolve().parents[2] / "tests" / "abi" / "layout_lp64.txt"
 
@@ -96,6 +98,56 @@ class Bindings(unittest.TestCase):
 
     def test_the_loaded_library_is_version_0_1(self):
         self.assertEqual(moekit.load().moekit_get_version() // 100, 1)
+
+
+def run_token_experts(x, topk_idx, topk_weights, w1, w2, dout):
+    """moekit_token_experts_forward, then _backward, through the ctypes bindings: out and the gradients by name."""
+    fields = dict(max_tokens=x.shape[0], hidden=x.shape[1], intermediate=w1.shape[1] // 2,
+                  router_experts=w1.shape[0], experts=w1.shape[0], top_k=topk_idx.shape[1],
+                  dtype=_runtime.moekit_dtype(x.dtype))
+    plan = _runtime.plan_for(x.device, "moekit_token_experts_plan_create", _capi.MoeDesc, "moekit_moe_desc_init",
+                             fields)
+    saved = _runtime.buffer(plan.saved_bytes, x.device)
+    workspace = _runtime.buffer(plan.workspace_bytes, x.device)
+    buffers = (saved.data_ptr() or None, saved.numel(), workspace.data_ptr() or None, workspace.numel())
+    inputs = dict(x=x, topk_idx=topk_idx, topk_weights=topk_weights, w1=w1, w2=w2)
+    out = torch.empty_like(x)
+    grads = dict(dx=torch.empty_like(x), dtopk_weights=torch.empty_like(topk_weights), dw1=torch.empty_like(w1),
+                 dw2=torch.empty_like(w2))
+    for function, struct, init, tensors in (
+            ("moekit_token_experts_forward", _capi.TokenExpertsFwdArgs, "moekit_token_experts_fwd_args_init",
+             dict(inputs, out=out)),
+            ("moekit_token_experts_backward", _capi.TokenExpertsBwdArgs, "moekit_token_experts_bwd_args_init",
+             dict(inputs, dout=dout, **grads))):
+        args = _capi.initialised(struct, init)
+        for name, tensor in tensors.items():
+            setattr(args, name, _runtime.view(tensor))
+        _runtime.run(plan, function, args, *buffers, device=x.device)
+    return out, grads
+
+
+class TokenExperts(unittest.TestCase):
+    def test_forward_and_gradients_match_plain_pytorch_fp64(self):
+        torch.manual_seed(0)
+        n, h, i, e, k = 9, 16, 8, 3, 2
+        x = torch.randn(n, h, dtype=torch.float64)
+        w1 = torch.randn(e, 2 * i, h, dtype=torch.float64) / h ** 0.5
+        w2 = torch.randn(e, h, i, dtype=torch.float64) / i ** 0.5
+        topk_idx = torch.randint(-1, e + 2, (n, k))  # -1 and ids >= E are not on this rank
+        topk_idx[3] = -1  # a token with no local pair
+        topk_weights = torch.rand(n, k, dtype=torch.float64)
+        dout = torch.randn(n, h, dtype=torch.float64)
+        out, grads = run_token_experts(x, topk_idx, topk_weights, w1, w2, dout)
+
+        leaves = [t.clone().requires_grad_() for t in (x, topk_weights, w1, w2)]
+        want = token_experts_reference(leaves[0], topk_idx, leaves[1], leaves[2], leaves[3])
+        want.backward(dout)
+        torch.testing.assert_close(out, want.detach(), rtol=1e-10, atol=1e-12)
+        self.assertTrue(torch.equal(out[3], torch.zeros(h, dtype=torch.float64)))
+        for name, leaf in zip(("dx", "dtopk_weights", "dw1", "dw2"), leaves):
+            torch.testing.assert_close(grads[name], leaf.grad, rtol=1e-10, atol=1e-12, msg=name)
+        dropped = (topk_idx < 0) | (topk_idx >= e)
+        self.assertTrue(bool((grads["dtopk_weights"][dropped] == 0).all()))
 
 
 @unittest.skipUnless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)

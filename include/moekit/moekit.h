@@ -634,6 +634,78 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
                                                    size_t workspace_bytes, void* stream);
 
 /* ------------------------------------------------------------------------------------------------ */
+/* Level 2 — The experts on token-major rows (expert parallelism)                                   */
+/* ------------------------------------------------------------------------------------------------ */
+
+/* What an expert-parallel framework runs on the tokens its all-to-all dispatch delivered in the non-expanded layout
+ * (DeepEP's): every received token once, x [N, H], with its K choices as LOCAL expert ids topk_idx [N, K] and their
+ * weights topk_weights [N, K]. moekit groups the pairs by local expert itself (the deterministic CSR of
+ * docs/math.md section 2), runs each expert's MLP on its pairs and combines every token's pairs:
+ *   out_t = beta_out out_t + sum over the valid k, ascending, of w[t,k] y_{t,k},
+ *   y_{t,k} = act(x_t W1[e]^T + b1[e]) W2[e]^T + b2[e],  e = topk_idx[t,k]  (docs/math.md section 3.1).
+ * A pair is valid when 0 <= topk_idx[t,k] < experts. Any other id — -1 ("not on this rank"), any id >= experts,
+ * any negative id — drops the pair everywhere, silently (not an error): it adds nothing to out, dx or the weight
+ * gradients, its weight is never read, and its d(topk_weights) is 0. A token whose pairs are all dropped gets
+ * out_t = beta_out out_t: zeros with beta_out = 0, never garbage.
+ * Uses the fields max_tokens (the bound of N), top_k (K >= 1, not bounded by experts), hidden, intermediate,
+ * experts (the local experts E), activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype and
+ * weight_grad_dtype of moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields
+ * are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
+ * serves every N in 0..max_tokens; all memory is the caller's.
+ * Backends: the reference backend computes it; on a CUDA handle, plan creation returns MOEKIT_STATUS_NOT_SUPPORTED
+ * with a message for now. Its run functions follow the rules of every run function here: they only enqueue work
+ * (no host synchronisation, no allocation), so a CUDA implementation is graph-capturable. */
+MOEKIT_API moekit_status_t moekit_token_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
+                                                            moekit_plan_t* plan);
+
+typedef struct moekit_token_experts_fwd_args {
+  size_t struct_size;
+  moekit_tensor_t x;            /* [N, H], N in 0..max_tokens */
+  moekit_tensor_t topk_idx;     /* [N, K] int32/int64: local expert ids; an id outside [0, E) drops the pair */
+  moekit_tensor_t topk_weights; /* [N, K] fp32 (or fp64 in an fp64 plan): the weight of each pair */
+  moekit_tensor_t w1;           /* [E, 2I, H] ([E, I, H] non-gated) */
+  moekit_tensor_t b1;           /* [E, 2I], iff has_b1 */
+  moekit_tensor_t w2;           /* [E, H, I] */
+  moekit_tensor_t b2;           /* [E, H], iff has_b2 */
+  moekit_tensor_t out;          /* out [N, H] = beta_out out + sum over the valid pairs of w y */
+  double beta_out;              /* 0: out is never read */
+} moekit_token_experts_fwd_args_t;
+
+typedef struct moekit_token_experts_bwd_args {
+  size_t struct_size;
+  moekit_tensor_t x, topk_idx, topk_weights; /* the same, unmodified tensors the forward read */
+  moekit_tensor_t w1;            /* [E, 2I, H] */
+  moekit_tensor_t w2;            /* [E, H, I] */
+  moekit_tensor_t b2;            /* [E, H], iff has_b2 (enters dtopk_weights) */
+  moekit_tensor_t dout;          /* [N, H] */
+  /* Input gradients (compute_input_grad): */
+  moekit_tensor_t dx;            /* out [N, H] */
+  moekit_tensor_t dtopk_weights; /* out [N, K] fp32 (or fp64 in an fp64 plan), optional: overwritten with
+                                    dout_t . y_{t,k}, 0 for a dropped pair */
+  /* Weight gradients (compute_weight_grad), in weight_grad_dtype: */
+  moekit_tensor_t dw1, db1, dw2, db2; /* as the MoE layer's; db1 iff has_b1, db2 iff has_b2 */
+  int32_t compute_input_grad;    /* default 1 */
+  int32_t compute_weight_grad;   /* default 1 */
+  /* grad = beta * grad + new; 0: the old value is never read. Gradients of a group not requested are neither
+   * checked nor touched. */
+  double beta_dx, beta_dw1, beta_db1, beta_dw2, beta_db2;
+} moekit_token_experts_bwd_args_t;
+
+MOEKIT_API moekit_status_t moekit_token_experts_fwd_args_init(moekit_token_experts_fwd_args_t* args);
+MOEKIT_API moekit_status_t moekit_token_experts_bwd_args_init(moekit_token_experts_bwd_args_t* args);
+/* Fills `saved` (moekit_plan_saved_size bytes; NULL/0 in inference mode) for the backward. */
+MOEKIT_API moekit_status_t moekit_token_experts_forward(moekit_plan_t plan,
+                                                        const moekit_token_experts_fwd_args_t* args, void* saved,
+                                                        size_t saved_bytes, void* workspace, size_t workspace_bytes,
+                                                        void* stream);
+/* Reads `saved` as the forward of THIS plan left it, never writes it: the input- and weight-gradient calls may
+ * come in either order. */
+MOEKIT_API moekit_status_t moekit_token_experts_backward(moekit_plan_t plan,
+                                                         const moekit_token_experts_bwd_args_t* args,
+                                                         const void* saved, size_t saved_bytes, void* workspace,
+                                                         size_t workspace_bytes, void* stream);
+
+/* ------------------------------------------------------------------------------------------------ */
 /* Level 2 — The sparse SwiGLU FFN layer (docs/math.md section 7)                                   */
 /* ------------------------------------------------------------------------------------------------ */
 

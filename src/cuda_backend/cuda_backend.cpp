@@ -59,6 +59,7 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
     plan.workspace_bytes = sparse_ffn::group_select_layout(plan.sparse_ffn).total_bytes;
   if (plan.kind == OpKind::moe_layer) moe_layer_sizes(plan);
   if (plan.kind == OpKind::experts) experts_layer_sizes(plan);
+  if (plan.kind == OpKind::token_experts) token_experts_sizes(plan);
   if (plan.kind == OpKind::sparse_ffn_layer) sparse_ffn_layer_sizes(plan);
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =

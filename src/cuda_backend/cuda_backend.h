@@ -43,6 +43,10 @@ class CudaBackend final : public Backend {
   void experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void* saved, Workspace, void*) override;
   void experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void* saved, Workspace,
                         void*) override;
+  void token_experts_forward(const moekit_plan&, const moekit_token_experts_fwd_args_t&, void* saved, Workspace,
+                             void*) override;
+  void token_experts_backward(const moekit_plan&, const moekit_token_experts_bwd_args_t&, const void* saved,
+                              Workspace, void*) override;
   void sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void* saved, Workspace,
                           void*) override;
   void sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void* saved, Workspace,
@@ -54,6 +58,7 @@ class CudaBackend final : public Backend {
   void moe_layer_sizes(moekit_plan& plan) const;
   void experts_layer_sizes(moekit_plan& plan) const;     // experts_layer_ops.cpp
   void sparse_ffn_layer_sizes(moekit_plan& plan) const;  // sparse_ffn_layer_ops.cpp
+  void token_experts_sizes(moekit_plan& plan) const;     // token_experts_ops.cpp: NOT_SUPPORTED for now
 
   int device_index_;
   DeviceFacts facts_;

@@ -6,27 +6,13 @@
 #include "moekit/moekit.h"
 #include "src/reference/blocks.h"
 #include "src/reference/dense.h"
-#include "src/reference/expert_mlp.h"
+#include "src/reference/expert_layer.h"
 #include "src/reference/layer_io.h"
 #include "src/reference/reference_backend.h"
 
 namespace moekit {
 inline namespace v0 {
 namespace ref {
-
-namespace {
-
-ActivationSpec activation_spec(const moekit_moe_desc_t& d) {
-  return ActivationSpec{d.activation, d.glu_layout, d.glu_limit, d.intermediate};
-}
-
-ExpertMlp expert_mlp(const moekit_moe_desc_t& d, const std::vector<double>& w1, const std::vector<double>& b1,
-                     const std::vector<double>& w2, const std::vector<double>& b2) {
-  return ExpertMlp{d.experts, d.hidden, activation_spec(d), d.dtype, w1.data(), b1.empty() ? nullptr : b1.data(),
-                   w2.data(), b2.empty() ? nullptr : b2.data()};
-}
-
-}  // namespace
 
 void ReferenceBackend::experts_forward(const moekit_plan& plan, const moekit_experts_fwd_args_t& args, void* saved,
                                        Workspace, void*) {
@@ -37,15 +23,11 @@ void ReferenceBackend::experts_forward(const moekit_plan& plan, const moekit_exp
   int64_t rows = offsets.back();
 
   std::vector<double> x = read_values(args.x, rows);
-  std::vector<double> w1 = read_values(args.w1);
-  std::vector<double> w2 = read_values(args.w2);
-  std::vector<double> b1, b2;
-  if (d.has_b1) b1 = read_values(args.b1);
-  if (d.has_b2) b2 = read_values(args.b2);
+  ExpertWeights weights = read_expert_weights(d, args.w1, &args.b1, args.w2, &args.b2);
   std::vector<double> h(static_cast<size_t>(rows * width));
   std::vector<double> y(static_cast<size_t>(max_rows * d.hidden));
   GroupedRows x_rows{x.data(), d.hidden, nullptr};
-  expert_mlp_forward(expert_mlp(d, w1, b1, w2, b2), offsets.data(), x_rows, h.data(), y.data());
+  expert_mlp_forward(weights.mlp(d), offsets.data(), x_rows, h.data(), y.data());
 
   write_values(args.y, y, 0, rows);
   if (d.inference || saved == nullptr) return;
@@ -69,9 +51,8 @@ void ReferenceBackend::experts_backward(const moekit_plan& plan, const moekit_ex
 
   std::vector<double> x = read_values(args.x, rows);
   std::vector<double> dy = read_values(args.dy, rows);
-  std::vector<double> w1 = read_values(args.w1);
-  std::vector<double> w2 = read_values(args.w2);
-  ExpertMlp mlp = expert_mlp(d, w1, {}, w2, {});
+  ExpertWeights weights = read_expert_weights(d, args.w1, nullptr, args.w2, nullptr);
+  ExpertMlp mlp = weights.mlp(d);
   GroupedRows dy_rows{dy.data(), d.hidden, nullptr};
 
   std::vector<double> dh(static_cast<size_t>(rows * width));
@@ -83,27 +64,22 @@ void ReferenceBackend::experts_backward(const moekit_plan& plan, const moekit_ex
     dx.resize(static_cast<size_t>(max_rows * d.hidden));
     expert_mlp_input_grad(mlp, offsets.data(), dh.data(), dx.data());
   }
-  std::vector<double> dw1, db1, dw2, db2;
+  WeightGradients g;
   if (weight_grad) {
-    dw1.resize(static_cast<size_t>(d.experts * width * d.hidden));
-    dw2.resize(static_cast<size_t>(d.experts * d.hidden * d.intermediate));
-    if (d.has_b1) db1.resize(static_cast<size_t>(d.experts * width));
+    g.dw1.resize(static_cast<size_t>(d.experts * width * d.hidden));
+    g.dw2.resize(static_cast<size_t>(d.experts * d.hidden * d.intermediate));
+    if (d.has_b1) g.db1.resize(static_cast<size_t>(d.experts * width));
     GroupedRows x_rows{x.data(), d.hidden, nullptr};
-    expert_mlp_weight_grads(mlp, offsets.data(), dy_rows, a.data(), dh.data(), x_rows, dw1.data(),
-                            d.has_b1 ? db1.data() : nullptr, dw2.data());
+    expert_mlp_weight_grads(mlp, offsets.data(), dy_rows, a.data(), dh.data(), x_rows, g.dw1.data(),
+                            d.has_b1 ? g.db1.data() : nullptr, g.dw2.data());
     if (d.has_b2) {
-      db2.resize(static_cast<size_t>(d.experts * d.hidden));
-      ref::db1(d.experts, d.hidden, offsets.data(), dy.data(), 0.0, db2.data());  // sum of dy: the scale is 1
+      g.db2.resize(static_cast<size_t>(d.experts * d.hidden));
+      ref::db1(d.experts, d.hidden, offsets.data(), dy.data(), 0.0, g.db2.data());  // sum of dy: the scale is 1
     }
   }
 
   if (input_grad) write_accumulated(args.dx, dx, args.beta_dx, 0, rows);
-  if (weight_grad) {
-    write_accumulated(args.dw1, dw1, args.beta_dw1);
-    write_accumulated(args.dw2, dw2, args.beta_dw2);
-    if (d.has_b1) write_accumulated(args.db1, db1, args.beta_db1);
-    if (d.has_b2) write_accumulated(args.db2, db2, args.beta_db2);
-  }
+  if (weight_grad) write_weight_gradients(d, args, g);
 }
 
 }  // namespace ref

@@ -18,6 +18,10 @@ void ReferenceBackend::plan_sizes(moekit_plan& plan) const {
     case OpKind::experts:
       if (!plan.moe.inference) plan.saved_bytes = experts_saved_layout(plan.moe, plan.moe.max_tokens).total;
       break;
+    case OpKind::token_experts:
+      if (!plan.moe.inference)
+        plan.saved_bytes = experts_saved_layout(plan.moe, plan.moe.max_tokens * plan.moe.top_k).total;
+      break;
     case OpKind::sparse_ffn_layer:
       if (!plan.sparse_ffn.inference)
         plan.saved_bytes = sparse_ffn_saved_layout(plan.sparse_ffn, plan.sparse_ffn.max_tokens).total;

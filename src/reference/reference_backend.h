@@ -1,6 +1,6 @@
 // The reference (CPU) backend: docs/math.md computed on host memory in float64, rounded at its section 8's points.
 // Its methods live in one file per operation family (router.cpp, dispatch.cpp, reduce.cpp, group_select.cpp,
-// gemm.cpp, moe_layer.cpp, experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
+// gemm.cpp, moe_layer.cpp, experts_layer.cpp, token_experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
 #pragma once
 
 #include <string>
@@ -34,6 +34,10 @@ class ReferenceBackend final : public Backend {
   void experts_forward(const moekit_plan&, const moekit_experts_fwd_args_t&, void* saved, Workspace, void*) override;
   void experts_backward(const moekit_plan&, const moekit_experts_bwd_args_t&, const void* saved, Workspace,
                         void*) override;
+  void token_experts_forward(const moekit_plan&, const moekit_token_experts_fwd_args_t&, void* saved, Workspace,
+                             void*) override;
+  void token_experts_backward(const moekit_plan&, const moekit_token_experts_bwd_args_t&, const void* saved,
+                              Workspace, void*) override;
   void sparse_ffn_forward(const moekit_plan&, const moekit_sparse_ffn_fwd_args_t&, void* saved, Workspace,
                           void*) override;
   void sparse_ffn_backward(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t&, const void* saved, Workspace,

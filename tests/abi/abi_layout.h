@@ -98,6 +98,8 @@ static void abi_print_layout(void) {
   ABI_PRINT_SIZE(moekit_moe_bwd_args_t);
   ABI_PRINT_SIZE(moekit_experts_fwd_args_t);
   ABI_PRINT_SIZE(moekit_experts_bwd_args_t);
+  ABI_PRINT_SIZE(moekit_token_experts_fwd_args_t);
+  ABI_PRINT_SIZE(moekit_token_experts_bwd_args_t);
   ABI_PRINT_SIZE(moekit_sparse_ffn_fwd_args_t);
   ABI_PRINT_SIZE(moekit_sparse_ffn_bwd_args_t);
 }

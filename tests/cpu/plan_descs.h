@@ -109,4 +109,11 @@ inline moekit_moe_desc_t moe_desc() {
   return d;
 }
 
+// The experts on token-major rows: the MoE shapes, with local ids (expert_begin 0).
+inline moekit_moe_desc_t token_experts_desc() {
+  moekit_moe_desc_t d = moe_desc();
+  d.expert_begin = 0;
+  return d;
+}
+
 }  // namespace plan_descs

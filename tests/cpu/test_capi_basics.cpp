@@ -271,6 +271,20 @@ TEST_CASE("argument init functions zero every tensor and set the documented scal
   CHECK((experts_bwd.compute_input_grad == 1 && experts_bwd.compute_weight_grad == 1));
   CHECK((experts_bwd.beta_dx == 0.0 && experts_bwd.beta_db2 == 0.0));
 
+  moekit_token_experts_fwd_args_t token_fwd;
+  scribble(&token_fwd);
+  REQUIRE(moekit_token_experts_fwd_args_init(&token_fwd) == MOEKIT_SUCCESS);
+  CHECK(token_fwd.struct_size == sizeof token_fwd);
+  CHECK((token_fwd.beta_out == 0.0 && is_absent(token_fwd.b1) && is_absent(token_fwd.b2)));
+
+  moekit_token_experts_bwd_args_t token_bwd;
+  scribble(&token_bwd);
+  REQUIRE(moekit_token_experts_bwd_args_init(&token_bwd) == MOEKIT_SUCCESS);
+  CHECK(token_bwd.struct_size == sizeof token_bwd);
+  CHECK((token_bwd.compute_input_grad == 1 && token_bwd.compute_weight_grad == 1));
+  CHECK((token_bwd.beta_dx == 0.0 && token_bwd.beta_dw1 == 0.0 && token_bwd.beta_db2 == 0.0));
+  CHECK((is_absent(token_bwd.dtopk_weights) && is_absent(token_bwd.b2)));
+
   moekit_sparse_ffn_fwd_args_t ffn_fwd;
   scribble(&ffn_fwd);
   REQUIRE(moekit_sparse_ffn_fwd_args_init(&ffn_fwd) == MOEKIT_SUCCESS);

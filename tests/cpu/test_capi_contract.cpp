@@ -539,6 +539,49 @@ std::unique_ptr<Fixture> experts_backward(moekit_handle_t h) {
   return f;
 }
 
+// Local ids of kT tokens, top-kK, kE local experts, with pairs that are not here (-1) or past the local range.
+const std::vector<int64_t> kLocalIds = {0, -1, 2, 3, 1, 5, 0, 3, -1, 2};
+
+std::unique_ptr<Fixture> token_experts_forward(moekit_handle_t h) {
+  auto f = fixture<moekit_token_experts_fwd_args_t>("token-major experts forward", [](auto& f) {
+    return moekit_token_experts_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
+  });
+  moekit_moe_desc_t d = token_experts_desc();
+  MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(h, &d, &f->plan));
+  make_saved(*f);
+  auto& a = f->args;
+  moekit_token_experts_fwd_args_init(&a);
+  f->bind("x", a.x, kBf16, {kT, kH}, Role::input);
+  f->mark_leading();
+  f->bind_ints("topk_idx", a.topk_idx, kI64, kLocalIds, {kT, kK});
+  f->bind("topk_weights", a.topk_weights, kFp32, {kT, kK}, Role::input);
+  bind_expert_weights(*f, a.w1, &a.b1, a.w2, &a.b2);
+  f->bind_out("out", a.out, kBf16, {kT, kH});
+  return f;
+}
+
+std::unique_ptr<Fixture> token_experts_backward(moekit_handle_t h) {
+  auto f = fixture<moekit_token_experts_bwd_args_t>("token-major experts backward", [](auto& f) {
+    return moekit_token_experts_backward(f.plan, &f.args, f.saved.data(), f.saved.size(), nullptr, 0, nullptr);
+  });
+  f->baseline_succeeds = false;
+  moekit_moe_desc_t d = token_experts_desc();
+  MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(h, &d, &f->plan));
+  make_saved(*f);
+  auto& a = f->args;
+  moekit_token_experts_bwd_args_init(&a);
+  f->bind("x", a.x, kBf16, {kT, kH}, Role::input);
+  f->mark_leading();
+  f->bind_ints("topk_idx", a.topk_idx, kI32, kLocalIds, {kT, kK});
+  f->bind("topk_weights", a.topk_weights, kFp32, {kT, kK}, Role::input);
+  bind_expert_weights(*f, a.w1, nullptr, a.w2, &a.b2);
+  f->bind("dout", a.dout, kBf16, {kT, kH}, Role::input);
+  f->bind_out("dx", a.dx, kBf16, {kT, kH});
+  f->bind_out("dtopk_weights", a.dtopk_weights, kFp32, {kT, kK}, false);
+  bind_expert_gradients(*f, a);
+  return f;
+}
+
 template <class Args>
 void bind_ffn_weights(OpFixture<Args>& f, Args& a) {
   f.bind("w_gate", a.w_gate, kBf16, {kF, kD}, Role::input);
@@ -594,7 +637,7 @@ const std::vector<FixtureMaker>& all_fixtures() {
       router_forward, router_backward, dispatch_fixed,   dispatch_general,   gemm_gated,        gemm_dgated,
       gemm_varlen_k,  gemm_bias,       combine,          broadcast_backward, combine_variable,  db1,
       db2_ds,         group_select,    load_balance,     moe_forward,        moe_backward,      experts_forward,
-      experts_backward, sparse_ffn_forward, sparse_ffn_backward};
+      experts_backward, token_experts_forward, token_experts_backward, sparse_ffn_forward, sparse_ffn_backward};
   return makers;
 }
 
@@ -819,6 +862,13 @@ const std::vector<DescCase>& bad_descriptors() {
                                      moekit_moe_plan_create)},
       {"dtype:", with<M>(moe_desc, [](M& d) { d.dtype = MOEKIT_DTYPE_FP8_E4M3; }, moekit_moe_plan_create)},
       {"intermediate:", with<M>(moe_desc, [](M& d) { d.intermediate = 0; }, moekit_experts_plan_create)},
+      {"expert_begin:", with<M>(token_experts_desc, [](M& d) { d.expert_begin = 1; }, moekit_token_experts_plan_create)},
+      {"top_k:", with<M>(token_experts_desc, [](M& d) { d.top_k = 0; }, moekit_token_experts_plan_create)},
+      {"top_k:", with<M>(token_experts_desc, [](M& d) { d.max_tokens = 1 << 20, d.top_k = 1 << 12; },
+                         moekit_token_experts_plan_create)},
+      {"experts:", with<M>(token_experts_desc, [](M& d) { d.experts = 0; }, moekit_token_experts_plan_create)},
+      {"dtype:", with<M>(token_experts_desc, [](M& d) { d.dtype = MOEKIT_DTYPE_INT64; },
+                         moekit_token_experts_plan_create)},
       {"group_size:", with<S>(sparse_ffn_desc, [](S& d) { d.group_size = 48; }, moekit_sparse_ffn_plan_create)},
       {"group_size:", with<S>(sparse_ffn_desc, [](S& d) { d.group_size = 256; }, moekit_group_select_plan_create)},
       {"d_ff:", with<S>(sparse_ffn_desc, [](S& d) { d.d_ff = 100; }, moekit_sparse_ffn_plan_create)},
@@ -1054,7 +1104,7 @@ TEST_CASE("workspace: too small, NULL, misaligned", "[capi]") {
 
 TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has no backward", "[capi]") {
   ReferenceHandle h(2);
-  for (FixtureMaker make : {moe_forward, moe_backward, experts_forward, sparse_ffn_backward}) {
+  for (FixtureMaker make : {moe_forward, moe_backward, experts_forward, token_experts_backward, sparse_ffn_backward}) {
     std::unique_ptr<Fixture> f = make(h.handle);
     size_t needed = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(f->plan, &needed));
@@ -1062,7 +1112,9 @@ TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has 
     AlignedBuffer& saved = f->op == "MoE forward"        ? as<moekit_moe_fwd_args_t>(*f).saved
                            : f->op == "MoE backward"     ? as<moekit_moe_bwd_args_t>(*f).saved
                            : f->op == "experts forward"  ? as<moekit_experts_fwd_args_t>(*f).saved
-                                                         : as<moekit_sparse_ffn_bwd_args_t>(*f).saved;
+                           : f->op == "token-major experts backward"
+                               ? as<moekit_token_experts_bwd_args_t>(*f).saved
+                               : as<moekit_sparse_ffn_bwd_args_t>(*f).saved;
     AlignedBuffer full(needed);
     INFO(f->op);
     expect_rejected(*f, [&] { saved = AlignedBuffer(needed - 1); }, [&] { saved = AlignedBuffer(needed); },

@@ -52,6 +52,9 @@ std::vector<NamedPlan> plans_of_every_kind(moekit_handle_t h) {
   moe_inference.inference = 1;
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(h, &moe_inference, add("moe layer (inference)", "MoE layer")));
   MOEKIT_REQUIRE_OK(moekit_experts_plan_create(h, &moe, add("experts layer", "experts layer")));
+  const moekit_moe_desc_t token_experts = token_experts_desc();
+  MOEKIT_REQUIRE_OK(
+      moekit_token_experts_plan_create(h, &token_experts, add("token-major experts layer", "token-major experts layer")));
   MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(h, &ffn, add("sparse FFN layer", "sparse FFN layer")));
   return plans;
 }

@@ -1,4 +1,5 @@
-"""ctypes view of moekit.h: the structs, constants and functions the PyTorch layers use.
+"""ctypes view of moekit.h: the structs, constants and functions the PyTorch layers use, and those of the experts on
+token-major rows (for expert-parallel code that calls the C API itself).
 
 Nothing is compiled: libmoekit.so is loaded at run time (dlopen) from, in order, the path given to `load`, the
 MOEKIT_LIBRARY environment variable, the copy installed beside this file (a wheel's), or the loader's search path
@@ -103,6 +104,24 @@ class MoeBwdArgs(ctypes.Structure):
     )
 
 
+class TokenExpertsFwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "topk_idx", "topk_weights", "w1", "b1", "w2", "b2", "out")
+        + [("beta_out", c_double)]
+    )
+
+
+class TokenExpertsBwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "topk_idx", "topk_weights", "w1", "w2", "b2", "dout", "dx", "dtopk_weights", "dw1", "db1",
+                   "dw2", "db2")
+        + [("compute_input_grad", c_int32), ("compute_weight_grad", c_int32)]
+        + [(name, c_double) for name in ("beta_dx", "beta_dw1", "beta_db1", "beta_dw2", "beta_db2")]
+    )
+
+
 class SparseFfnDesc(ctypes.Structure):
     _fields_ = [
         ("struct_size", c_size_t),
@@ -143,6 +162,8 @@ STRUCTS = {
     "moekit_moe_desc_t": MoeDesc,
     "moekit_moe_fwd_args_t": MoeFwdArgs,
     "moekit_moe_bwd_args_t": MoeBwdArgs,
+    "moekit_token_experts_fwd_args_t": TokenExpertsFwdArgs,
+    "moekit_token_experts_bwd_args_t": TokenExpertsBwdArgs,
     "moekit_sparse_ffn_desc_t": SparseFfnDesc,
     "moekit_sparse_ffn_fwd_args_t": SparseFfnFwdArgs,
     "moekit_sparse_ffn_bwd_args_t": SparseFfnBwdArgs,
@@ -181,6 +202,13 @@ _PROTOTYPES = {
     "moekit_moe_bwd_args_init": [_P(MoeBwdArgs)],
     "moekit_moe_forward": [c_void_p, _P(MoeFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
     "moekit_moe_backward": [c_void_p, _P(MoeBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_token_experts_plan_create": [c_void_p, _P(MoeDesc), _P(c_void_p)],
+    "moekit_token_experts_fwd_args_init": [_P(TokenExpertsFwdArgs)],
+    "moekit_token_experts_bwd_args_init": [_P(TokenExpertsBwdArgs)],
+    "moekit_token_experts_forward": [c_void_p, _P(TokenExpertsFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t,
+                                     c_void_p],
+    "moekit_token_experts_backward": [c_void_p, _P(TokenExpertsBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t,
+                                      c_void_p],
     "moekit_sparse_ffn_desc_init": [_P(SparseFfnDesc)],
     "moekit_sparse_ffn_plan_create": [c_void_p, _P(SparseFfnDesc), _P(c_void_p)],
     "moekit_sparse_ffn_fwd_args_init": [_P(SparseFfnFwdArgs)],

@@ -1,5 +1,5 @@
-"""The two layers in plain PyTorch, as docs/math.md sections 1, 3 and 7 define them: what the tests compare moekit
-with, and the baseline of the GPU training comparison. Gradients come from autograd. They compute in the input
+"""The two layers in plain PyTorch, as docs/math.md sections 1, 3 and 7 define them, and the experts on token-major
+rows (section 3.1): what the tests compare moekit with, and the baseline of the GPU training comparison. Gradients come from autograd. They compute in the input
 dtype; call them on fp64 (or fp32) tensors for a reference."""
 import torch
 import torch.nn.functional as F
@@ -23,15 +23,21 @@ def moe_reference(x, w_router, w1, w2, top_k, storage_dtype=None):
     its inputs in fp64, storage_dtype=torch.bfloat16)."""
     logits = _rounded(x @ w_router.t(), storage_dtype)
     values, experts = _top(logits, top_k)
-    scores = torch.softmax(values, dim=-1)
+    return token_experts_reference(x, experts, torch.softmax(values, dim=-1), w1, w2)
+
+
+def token_experts_reference(x, topk_idx, topk_weights, w1, w2):
+    """x [N, H] -> [N, H]: for each token, the sum over its pairs (topk_idx [N, K] local expert ids, topk_weights
+    [N, K]) of weight * W2[e] (silu(gate) * up), [gate; up] = W1[e] x; an id outside [0, E) (-1: not here) adds
+    nothing."""
     out = torch.zeros_like(x)
     for e in range(w1.shape[0]):
-        tokens, slots = (experts == e).nonzero(as_tuple=True)
+        tokens, slots = (topk_idx == e).nonzero(as_tuple=True)
         if tokens.numel() == 0:
             continue
         gate, up = (x[tokens] @ w1[e].t()).chunk(2, dim=-1)
         y = (F.silu(gate) * up) @ w2[e].t()
-        out = out.index_add(0, tokens, y * scores[tokens, slots, None])
+        out = out.index_add(0, tokens, y * topk_weights[tokens, slots, None])
     return out
 
 

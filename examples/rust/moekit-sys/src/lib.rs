@@ -493,6 +493,51 @@ pub struct moekit_experts_bwd_args_t {
 }
 
 // ----------------------------------------------------------------------------------------------------
+// Level 2 — The experts on token-major rows (expert parallelism)
+// ----------------------------------------------------------------------------------------------------
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct moekit_token_experts_fwd_args_t {
+    pub struct_size: usize,
+    pub x: moekit_tensor_t,
+    pub topk_idx: moekit_tensor_t,
+    pub topk_weights: moekit_tensor_t,
+    pub w1: moekit_tensor_t,
+    pub b1: moekit_tensor_t,
+    pub w2: moekit_tensor_t,
+    pub b2: moekit_tensor_t,
+    pub out: moekit_tensor_t,
+    pub beta_out: f64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct moekit_token_experts_bwd_args_t {
+    pub struct_size: usize,
+    pub x: moekit_tensor_t,
+    pub topk_idx: moekit_tensor_t,
+    pub topk_weights: moekit_tensor_t,
+    pub w1: moekit_tensor_t,
+    pub w2: moekit_tensor_t,
+    pub b2: moekit_tensor_t,
+    pub dout: moekit_tensor_t,
+    pub dx: moekit_tensor_t,
+    pub dtopk_weights: moekit_tensor_t,
+    pub dw1: moekit_tensor_t,
+    pub db1: moekit_tensor_t,
+    pub dw2: moekit_tensor_t,
+    pub db2: moekit_tensor_t,
+    pub compute_input_grad: i32,
+    pub compute_weight_grad: i32,
+    pub beta_dx: f64,
+    pub beta_dw1: f64,
+    pub beta_db1: f64,
+    pub beta_dw2: f64,
+    pub beta_db2: f64,
+}
+
+// ----------------------------------------------------------------------------------------------------
 // Level 2 — The sparse SwiGLU FFN layer (docs/math.md section 7)
 // ----------------------------------------------------------------------------------------------------
 
@@ -569,6 +614,8 @@ zeroed_default!(
     moekit_moe_bwd_args_t,
     moekit_experts_fwd_args_t,
     moekit_experts_bwd_args_t,
+    moekit_token_experts_fwd_args_t,
+    moekit_token_experts_bwd_args_t,
     moekit_sparse_ffn_fwd_args_t,
     moekit_sparse_ffn_bwd_args_t,
 );
@@ -777,6 +824,33 @@ extern "C" {
     pub fn moekit_experts_backward(
         plan: moekit_plan_t,
         args: *const moekit_experts_bwd_args_t,
+        saved: *const c_void,
+        saved_bytes: usize,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: *mut c_void,
+    ) -> moekit_status_t;
+
+    // The experts on token-major rows
+    pub fn moekit_token_experts_plan_create(
+        handle: moekit_handle_t,
+        desc: *const moekit_moe_desc_t,
+        plan: *mut moekit_plan_t,
+    ) -> moekit_status_t;
+    pub fn moekit_token_experts_fwd_args_init(args: *mut moekit_token_experts_fwd_args_t) -> moekit_status_t;
+    pub fn moekit_token_experts_bwd_args_init(args: *mut moekit_token_experts_bwd_args_t) -> moekit_status_t;
+    pub fn moekit_token_experts_forward(
+        plan: moekit_plan_t,
+        args: *const moekit_token_experts_fwd_args_t,
+        saved: *mut c_void,
+        saved_bytes: usize,
+        workspace: *mut c_void,
+        workspace_bytes: usize,
+        stream: *mut c_void,
+    ) -> moekit_status_t;
+    pub fn moekit_token_experts_backward(
+        plan: moekit_plan_t,
+        args: *const moekit_token_experts_bwd_args_t,
         saved: *const c_void,
         saved_bytes: usize,
         workspace: *mut c_void,
