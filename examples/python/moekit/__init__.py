@@ -15,11 +15,13 @@ import importlib
 from ._capi import MoekitError, NotSupportedError, build_info, library_path, load
 
 # The names that need torch, by the module that defines them.
-_TORCH_NAMES = {"MoELayer": "modules", "SparseSwiGLU": "modules", "moe": "functional", "sparse_swiglu": "functional",
-                "CUSTOM_OPS": "functional"}
+_TORCH_NAMES = dict(
+    {name: "modules" for name in ("MoELayer", "Experts", "SparseSwiGLU")},
+    **{name: "functional" for name in ("moe", "experts", "sparse_swiglu", "dispatch", "gather_tokens", "combine",
+                                       "offsets_from_counts", "subsample_rows", "load_balance_update", "Routing",
+                                       "Selection", "Dispatch", "CUSTOM_OPS")})
 
-__all__ = ["MoELayer", "SparseSwiGLU", "moe", "sparse_swiglu", "MoekitError", "NotSupportedError", "load",
-           "library_path", "build_info", "CUSTOM_OPS"]
+__all__ = sorted(_TORCH_NAMES) + ["MoekitError", "NotSupportedError", "load", "library_path", "build_info"]
 
 
 def __getattr__(name):

@@ -514,7 +514,9 @@ class _GatherTokens(torch.autograd.Function):
     def forward(ctx, x, gather_idx, grouped_pos, tok_offsets):
         ctx.save_for_backward(grouped_pos, tok_offsets)
         ctx.tokens = x.shape[0]
-        return x[gather_idx.long()]
+        # Rows past the valid pairs are 0, as the backward gives them no gradient (the count stays on the device).
+        valid = torch.arange(gather_idx.shape[0], device=x.device) < (grouped_pos >= 0).sum()
+        return torch.where(valid[:, None], x[gather_idx.long()], x.new_zeros(()))
 
     @staticmethod
     def backward(ctx, dgrouped):
@@ -526,6 +528,7 @@ class _GatherTokens(torch.autograd.Function):
 
 
 def gather_tokens(x, gather_idx, grouped_pos, *, tok_offsets=None):
-    """x [T, H] -> grouped rows x[gather_idx] [P, H], the experts' input in dispatch's order; the backward sums each
-    token's rows with moekit_broadcast_backward (in ascending pair order, deterministic)."""
+    """x [T, H] -> grouped rows x[gather_idx] [P, H] (0 past the valid pairs), the experts' input in dispatch's
+    order; the backward sums each token's rows with moekit_broadcast_backward (in ascending pair order,
+    deterministic)."""
     return _GatherTokens.apply(x, gather_idx, grouped_pos.contiguous(), tok_offsets)
