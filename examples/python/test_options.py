@@ -96,6 +96,22 @@ class MoELayerOptions(Case):
     def test_without_biases(self):
         self.assert_matches(_moe, _moe_reference, _moe_inputs(bias=False), router="topk_softmax", renormalize=True)
 
+    def test_bf16_against_the_fp64_reference_of_its_inputs(self):
+        for options in (dict(router="sigmoid", renormalize=True, router_scale=2.0, activation="geglu",
+                             glu_layout="interleaved", router_bias=torch.rand(E) * 0.1),
+                        dict(router="topk_softmax", activation="relu2", expert_begin=1)):
+            with self.subTest(**options):
+                inputs = _moe_inputs(options["activation"], dtype=torch.bfloat16, experts=E - 1)
+                dout = _randn(T, H)
+                got, got_grads = _run(lambda **t: _moe(**t, **options).double(), inputs, dout)
+                wide = {name: t.double() for name, t in inputs.items()}
+                want, want_grads = _run(lambda **t: _moe_reference(**t, storage_dtype=torch.bfloat16, **options),
+                                        wide, dout)
+                for name, value in [("out", got)] + list(got_grads.items()):
+                    reference_value = want if name == "out" else want_grads[name]
+                    error = (value.double() - reference_value).norm() / reference_value.norm()
+                    self.assertLess(error.item(), 2e-2, name)
+
     def test_gradcheck(self):
         cases = [dict(activation="swiglu_oai", glu_limit=1.5, router="sigmoid", renormalize=True, router_scale=2.0),
                  dict(activation="geglu", glu_layout="interleaved", router="topk_softmax"),

@@ -1,5 +1,6 @@
-"""moekit from PyTorch through ctypes (no compiled extension): libmoekit.so's MoE layer and group-sparse SwiGLU FFN
-as differentiable functions and nn.Modules, on CPU tensors (reference backend) and CUDA tensors (CUDA backend).
+"""moekit from PyTorch through ctypes (no compiled extension): libmoekit.so's MoE layer, its experts alone, dispatch and
+combine, and the group-sparse SwiGLU FFN, with every option of the C API's layers, as differentiable functions and
+nn.Modules, on CPU tensors (reference backend) and CUDA tensors (CUDA backend).
 
     import torch, moekit
     layer = moekit.MoELayer(hidden=1024, intermediate=512, experts=32, top_k=4, device="cuda",

@@ -203,10 +203,11 @@ class LayerFunction(torch.autograd.Function):
     """out = layer(inputs); the backward runs the library's backward on the saved buffer."""
 
     @staticmethod
-    def forward(ctx, spec, options, fused, *inputs):
+    def forward(ctx, spec, options, owners, *inputs):
         tensors = dict(zip(spec.inputs, inputs))
         out, saved, extras = forward_impl(spec, tensors, options, training=True)
-        ctx.spec, ctx.options, ctx.fused = spec, options, fused
+        # owners: {weight name: the tensor whose main_grad takes its gradient} (fused accumulation), else empty.
+        ctx.spec, ctx.options, ctx.owners = spec, options, owners
         ctx.present = [t is not None for t in inputs]
         ctx.save_for_backward(saved, *[t for t in inputs if t is not None])
         ctx.mark_non_differentiable(*extras)
@@ -220,14 +221,14 @@ class LayerFunction(torch.autograd.Function):
         inputs = [next(present) if here else None for here in ctx.present]
         tensors = dict(zip(spec.inputs, inputs))
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[3:]))
-        fused = {name: tensors[name].main_grad for name in spec.weights if ctx.fused and needs[name]}
+        fused = {name: owner.main_grad for name, owner in ctx.owners.items() if needs[name]}
         weight_grad = any(needs[name] for name in spec.weights)
         dx, grads = backward_impl(spec, dout.contiguous(), tensors, saved, ctx.options, needs["x"], weight_grad,
                                   fused)
         result = {"x": dx if needs["x"] else None}
         for name in spec.weights:
             if needs[name]:
-                result[name] = _fused_grad(tensors[name]) if name in fused else grads[name]
+                result[name] = _fused_grad(ctx.owners[name]) if name in fused else grads[name]
         return (None, None, None) + tuple(result.get(name) for name in spec.inputs)
 
 
@@ -332,18 +333,20 @@ def _main_grad_dtype(spec, tensors):
 
 def _apply(spec, tensors, options, fused):
     """The layer's (out, *extras) for these inputs; fused: weight gradients go into main_grad."""
-    tensors = {name: t.contiguous() if t is not None else None for name, t in tensors.items()}
-    inputs = [tensors[name] for name in spec.inputs]
-    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in inputs)
+    training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values())
     # 0 = MOEKIT_DTYPE_INVALID: the gradients in the layer's dtype.
     options["weight_grad_dtype"] = _main_grad_dtype(spec, tensors) if fused and training else 0
+    owners = {name: tensors[name] for name in spec.weights
+              if fused and tensors[name] is not None and tensors[name].requires_grad}
+    tensors = {name: t.contiguous() if t is not None else None for name, t in tensors.items()}
+    inputs = [tensors[name] for name in spec.inputs]
     if CUSTOM_OPS and not fused:
         int_options = [int(options[name]) for name in spec.int_options]
         float_options = [float(options[name]) for name in spec.float_options]
         results = _FORWARD_OPS[spec.name](*_padded(inputs, _SLOTS), int_options, float_options, training)
         return (results[0],) + tuple(results[2:2 + len(spec.extras)])
     if training:
-        return LayerFunction.apply(spec, options, fused, *inputs)
+        return LayerFunction.apply(spec, options, owners, *inputs)
     out, _, extras = forward_impl(spec, tensors, options, training=False)
     return (out, *extras)
 
