@@ -37,11 +37,14 @@ def _moe_inputs(activation="swiglu", bias=True, experts=E, router_experts=E, dty
 
 
 def _run(fn, inputs, dout, **options):
-    """fn's output and the gradients of sum(out * dout) for every floating input."""
+    """fn's output and the gradients of sum(out * dout) for every floating input (0 where out does not depend on
+    it: a plain-PyTorch layer of no token makes no graph)."""
     leaves = {name: t.clone().requires_grad_(t.is_floating_point()) for name, t in inputs.items()}
     out = fn(**leaves, **options)
-    (out * dout).sum().backward()
-    return out.detach(), {name: t.grad for name, t in leaves.items() if t.is_floating_point()}
+    if out.requires_grad:
+        (out * dout).sum().backward()
+    return out.detach(), {name: t.grad if t.grad is not None else torch.zeros_like(t)
+                          for name, t in leaves.items() if t.is_floating_point()}
 
 
 class Case(unittest.TestCase):
@@ -196,6 +199,25 @@ class MoELayerOptions(Case):
         self.assert_names(ValueError, "w1", _moe, **dict(inputs, w1=inputs["w1"][0]))
         self.assert_names(ValueError, "router", moekit.MoELayer, H, I, E, K, router="dense")
         self.assert_names(ValueError, "router_bias", moekit.MoELayer, H, I, E, K, router_bias=True)
+
+
+class FewTokens(Case):
+    def test_no_token_and_one_token(self):
+        for tokens in (0, 1):
+            with self.subTest(tokens=tokens):
+                inputs = dict(_moe_inputs(), x=_randn(tokens, H))
+                for options in ROUTER_CASES:
+                    self.assert_matches(_moe, _moe_reference, inputs, **options)
+                sparse = dict(x=_randn(tokens, H), w_gate=_randn(32, H), w_up=_randn(32, H), w_down=_randn(H, 32))
+                rows = moekit.subsample_rows(1, 2, 16, 3)
+                self.assert_matches(_sparse, _sparse_reference, sparse, subsample_rows=rows)
+                routing = moekit.dispatch(torch.zeros(tokens, K, dtype=torch.int64), E)
+                x = _randn(tokens, H).requires_grad_()
+                rows = moekit.gather_tokens(x, routing.gather_idx, routing.grouped_pos)
+                out = moekit.combine(rows, torch.ones(tokens, K, dtype=F64), routing.grouped_pos)
+                out.sum().backward()
+                torch.testing.assert_close(out, K * x.detach())
+                torch.testing.assert_close(x.grad, torch.full_like(x, K))
 
 
 class FusedWeightGradAccumulation(Case):

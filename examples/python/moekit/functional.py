@@ -35,10 +35,21 @@ Dispatch.__doc__ = ("The grouping of dispatch (docs/math.md section 2), all int3
                     "of pair p, -1 when dropped). Rows past expert_offsets[E] of gather_idx and pair_idx are 0.")
 
 
+def _bound(rows):
+    """A plan's row bound for a call of `rows` rows: a plan needs a bound >= 1, a call may have 0 rows."""
+    return max(int(rows), 1)
+
+
 def _choice(name, value, table):
     if value not in table:
         raise ValueError("%s: expected one of %s, got %r" % (name, ", ".join(table), value))
     return table[value]
+
+
+def _dense(gradient):
+    """A contiguous output gradient; an empty one gets fresh strides (contiguous() keeps those of an expanded empty
+    tensor, e.g. 0, which the library rejects)."""
+    return gradient.contiguous() if gradient.numel() else gradient.new_zeros(gradient.shape)
 
 
 def _pointer(tensor):
@@ -72,7 +83,7 @@ class _LayerSpec:
         fields.update({name: int(options[name]) for name in self.int_options})
         fields.update({name: float(options[name]) for name in self.float_options})
         # int(): under torch.compile the shapes may be symbolic; a plan is made for concrete ones (a guard).
-        fields.update(max_tokens=int(x.shape[0]), dtype=_runtime.moekit_dtype(x.dtype), inference=int(inference))
+        fields.update(max_tokens=_bound(x.shape[0]), dtype=_runtime.moekit_dtype(x.dtype), inference=int(inference))
         return _runtime.plan_for(x.device, self.create, self.desc_type, self.desc_init, fields)
 
     def options(self, int_values, float_values):
@@ -223,7 +234,7 @@ class LayerFunction(torch.autograd.Function):
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[3:]))
         fused = {name: owner.main_grad for name, owner in ctx.owners.items() if needs[name]}
         weight_grad = any(needs[name] for name in spec.weights)
-        dx, grads = backward_impl(spec, dout.contiguous(), tensors, saved, ctx.options, needs["x"], weight_grad,
+        dx, grads = backward_impl(spec, _dense(dout), tensors, saved, ctx.options, needs["x"], weight_grad,
                                   fused)
         result = {"x": dx if needs["x"] else None}
         for name in spec.weights:
@@ -301,7 +312,7 @@ def _register_custom_ops(spec):
         tensors = [next(present) if here else None for here in ctx.present]
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[:_SLOTS]))
         weight_grad = any(needs[name] for name in spec.weights)
-        grads = backward_op(dout.contiguous(), saved, *tensors, ctx.int_options, ctx.float_options, needs["x"],
+        grads = backward_op(_dense(dout), saved, *tensors, ctx.int_options, ctx.float_options, needs["x"],
                             weight_grad)
         return tuple(g if needs.get(name) else None for g, name in zip(grads, _padded(spec.inputs, _SLOTS))) + (
             None, None, None)
@@ -436,7 +447,8 @@ def dispatch(indices, experts, *, expert_begin=0, tok_offsets=None):
         tokens, top_k, pairs = indices.shape[0], indices.shape[1], indices.numel()
     else:
         tokens, top_k, pairs = tok_offsets.shape[0] - 1, 0, indices.shape[0]
-    fields = dict(max_tokens=tokens, top_k=top_k, max_pairs=pairs, experts=experts, expert_begin=expert_begin)
+    fields = dict(max_tokens=_bound(tokens), top_k=top_k, max_pairs=_bound(pairs), experts=experts,
+                  expert_begin=expert_begin)
     plan = _runtime.plan_for(indices.device, "moekit_dispatch_plan_create", _capi.DispatchDesc,
                              "moekit_dispatch_desc_init", {name: int(value) for name, value in fields.items()})
     result = Dispatch(indices.new_empty(experts + 1, dtype=torch.int32),
@@ -454,7 +466,7 @@ def dispatch(indices, experts, *, expert_begin=0, tok_offsets=None):
 def _reduce(function, grouped, scores, grouped_pos, tok_offsets, tokens, top_k):
     """moekit_combine (scores given) or moekit_broadcast_backward (scores None) into a new [T, H] tensor."""
     pairs = grouped_pos.shape[0]
-    fields = dict(max_tokens=tokens, top_k=0 if tok_offsets is not None else top_k, max_pairs=pairs,
+    fields = dict(max_tokens=_bound(tokens), top_k=0 if tok_offsets is not None else top_k, max_pairs=_bound(pairs),
                   hidden=grouped.shape[-1], dtype=_runtime.moekit_dtype(grouped.dtype))
     plan = _runtime.plan_for(grouped.device, "moekit_combine_plan_create", _capi.CombineDesc,
                              "moekit_combine_desc_init", {name: int(value) for name, value in fields.items()})
@@ -525,7 +537,7 @@ class _GatherTokens(torch.autograd.Function):
     def backward(ctx, dgrouped):
         grouped_pos, tok_offsets = ctx.saved_tensors
         top_k = grouped_pos.shape[0] // ctx.tokens if ctx.tokens else 1
-        dx = _reduce("moekit_broadcast_backward", dgrouped.contiguous(), None, grouped_pos, tok_offsets, ctx.tokens,
+        dx = _reduce("moekit_broadcast_backward", _dense(dgrouped), None, grouped_pos, tok_offsets, ctx.tokens,
                      top_k)
         return dx, None, None, None
 

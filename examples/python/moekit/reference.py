@@ -138,7 +138,7 @@ def group_energy(x, w_gate, group_size, subsample_rows=None, lb_bias=None, stora
     G / spg), times exp(lb_bias)."""
     silu = F.silu(_rounded((x @ w_gate.t()).detach(), storage_dtype)).abs()
     if subsample_rows is None:
-        energy = silu.reshape(x.shape[0], -1, group_size).sum(dim=-1)
+        energy = silu.reshape(x.shape[0], w_gate.shape[0] // group_size, group_size).sum(dim=-1)
     else:
         rows = subsample_rows.long()
         energy = silu[:, rows.reshape(-1)].reshape(x.shape[0], *rows.shape).sum(dim=-1)
