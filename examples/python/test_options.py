@@ -475,6 +475,16 @@ class SparseFfnOptions(Case):
         self.assert_names(ValueError, "router_bias", moekit.MoELayer(H, I, E, K).update_router_bias,
                           routing.counts, 1)
 
+    def test_the_biases_stay_fp32_when_the_module_is_cast(self):
+        moe = moekit.MoELayer(H, I, E, K, router="sigmoid", router_bias=True).to(torch.bfloat16)
+        sparse = moekit.SparseSwiGLU(H, 64, 16, 2, load_balance=True).double()
+        for module, names in ((moe, ("router_bias", "router_bias_ema")), (sparse, ("lb_bias", "lb_ema"))):
+            self.assertNotEqual(module.w1.dtype if module is moe else module.w_gate.dtype, torch.float32)
+            for name in names:
+                self.assertEqual(getattr(module, name).dtype, torch.float32, name)
+        moe(_randn(T, H, dtype=torch.bfloat16))
+        sparse(_randn(T, H))
+
 
 if __name__ == "__main__":
     print("test_options: torch %s, library %s" % (torch.__version__, moekit.library_path()))

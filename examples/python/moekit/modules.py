@@ -17,7 +17,23 @@ def _h_width(intermediate, activation):
     return 2 * intermediate if activation in functional.GATED_ACTIVATIONS else intermediate
 
 
-class _ExpertWeights(torch.nn.Module):
+class _Fp32Buffers(torch.nn.Module):
+    """Keeps the buffers named in FP32_BUFFERS in fp32 through Module.to(dtype), half() and the like, which cast
+    floating buffers: the library takes the selection biases and their EMA in fp32 only."""
+
+    FP32_BUFFERS = ()
+
+    def _apply(self, fn, *args, **kwargs):
+        before = {name: getattr(self, name) for name in self.FP32_BUFFERS if getattr(self, name) is not None}
+        result = super()._apply(fn, *args, **kwargs)
+        for name, old in before.items():
+            new = getattr(self, name)
+            if new.dtype != torch.float32:
+                setattr(self, name, old.to(new.device))
+        return result
+
+
+class _ExpertWeights(_Fp32Buffers):
     """w1 [E, 2I, H] (or [E, I, H]), w2 [E, H, I] and, with bias, b1 and b2; the expert options."""
 
     def _init_experts(self, hidden, intermediate, experts, activation, glu_layout, glu_limit, bias, factory):
@@ -46,6 +62,8 @@ class MoELayer(_ExpertWeights):
     dropped). router_bias=True (sigmoid router) keeps an fp32 selection bias `router_bias` and its `router_bias_ema`
     as buffers, moved by update_router_bias. Runs on CPU tensors (moekit's reference backend) and CUDA tensors (the
     CUDA backend). The options are those of moekit.functional.moe."""
+
+    FP32_BUFFERS = ("router_bias", "router_bias_ema")
 
     def __init__(self, hidden, intermediate, experts, top_k, device=None, dtype=None, *, router="softmax_topk",
                  renormalize=False, router_scale=1.0, router_bias=False, activation="swiglu", glu_layout="concat",
@@ -109,11 +127,13 @@ class Experts(_ExpertWeights):
         return self._expert_repr()
 
 
-class SparseSwiGLU(torch.nn.Module):
+class SparseSwiGLU(_Fp32Buffers):
     """A SwiGLU FFN (d_model -> d_ff -> d_model) whose d_ff neurons form groups of `group_size`; each token uses
     only its `top_groups` groups of highest gate energy (the selection passes no gradient). subsample > 0: the
     energy is estimated from that many rows per group, drawn once from subsample_seed (buffer `subsample_rows`).
     load_balance: an fp32 bias `lb_bias` (and `lb_ema`) as buffers, moved by update_load_balance."""
+
+    FP32_BUFFERS = ("lb_bias", "lb_ema")
 
     def __init__(self, d_model, d_ff, group_size, top_groups, device=None, dtype=None, *, subsample=0,
                  subsample_seed=0, load_balance=False, fuse_wgrad_accumulation=False):
