@@ -314,8 +314,9 @@ def _register_custom_ops(spec):
         weight_grad = any(needs[name] for name in spec.weights)
         grads = backward_op(_dense(dout), saved, *tensors, ctx.int_options, ctx.float_options, needs["x"],
                             weight_grad)
-        return tuple(g if needs.get(name) else None for g, name in zip(grads, _padded(spec.inputs, _SLOTS))) + (
-            None, None, None)
+        differentiable = ("x",) + spec.weights
+        return tuple(g if needs.get(name) and name in differentiable else None
+                     for g, name in zip(grads, _padded(spec.inputs, _SLOTS))) + (None, None, None)
 
     forward_op.register_autograd(backward, setup_context=setup_context)
     return forward_op
