@@ -52,8 +52,7 @@ class Case(unittest.TestCase):
         torch.manual_seed(0)
 
     def assert_matches(self, fn, ref, inputs, rtol=1e-9, atol=1e-11, **options):
-        generator_out = fn(**inputs, **options)
-        dout = _randn(*generator_out.shape)
+        dout = _randn(*fn(**inputs, **options).shape)
         got, got_grads = _run(fn, inputs, dout, **options)
         want, want_grads = _run(ref, inputs, dout, **options)
         torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
@@ -262,12 +261,12 @@ class FusedWeightGradAccumulation(Case):
         for module, args in ((sparse, (_randn(5, 16),)), (experts, (_randn(9, H), offsets))):
             with self.subTest(module=type(module).__name__):
                 module.fuse_wgrad_accumulation = False
-                plain = [torch.autograd.grad(module(*args).square().sum(), module.parameters())]
+                plain = torch.autograd.grad(module(*args).square().sum(), module.parameters())
                 module.fuse_wgrad_accumulation = True
                 for parameter in module.parameters():
                     parameter.main_grad = torch.zeros_like(parameter)
                 module(*args).square().sum().backward()
-                for parameter, want in zip(module.parameters(), plain[0]):
+                for parameter, want in zip(module.parameters(), plain):
                     self.assertIsNone(parameter.grad)
                     torch.testing.assert_close(parameter.main_grad, want)
 
