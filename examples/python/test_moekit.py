@@ -3,11 +3,11 @@
     MOEKIT_LIBRARY=build/libmoekit.so python3 examples/python/test_moekit.py   # the package of the source tree
     python3 -P examples/python/test_moekit.py                                   # the installed package (a wheel)
 
-Forward and every gradient (x, router, experts) of the MoE layer and the sparse SwiGLU FFN in fp64, fp32 and bf16; the
-nn.Modules; no_grad inference; errors carrying the library's message; the ctypes structs' sizes; the experts on
-token-major rows called through the ctypes bindings against plain PyTorch (fp64); and, where torch has custom ops
-(2.4+), torch.library.opcheck and torch.compile(fullgraph=True). Exits 77 (CTest: skipped) with a message where torch
-cannot be imported.
+Forward and every gradient (x, router, experts) of the MoE layer and the sparse SwiGLU FFN in fp64, fp32 and bf16
+(test_options.py checks every option); the nn.Modules; no_grad inference; errors carrying the library's message; the
+ctypes structs' sizes; the experts on token-major rows called through the ctypes bindings against plain PyTorch
+(fp64); and, where torch has custom ops (2.4+), torch.library.opcheck and torch.compile(fullgraph=True). Exits 77
+(CTest: skipped) with a message where torch cannot be imported.
 """
 import os
 import pathlib
@@ -153,13 +153,25 @@ class TokenExperts(unittest.TestCase):
 @unittest.skipUnless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
 class CustomOps(unittest.TestCase):
     def test_opcheck(self):
-        x = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
-        weights = [torch.randn(s, dtype=torch.float64, requires_grad=True) for s in ((4, 16), (4, 16, 16), (4, 16, 8))]
-        torch.library.opcheck(torch.ops.moekit.moe_forward.default, (x, *weights, [2], True))
+        def leaf(*shape):
+            return torch.randn(shape, dtype=torch.float64, requires_grad=True)
+
+        x, w_router, w1, b1 = leaf(8, 16), leaf(4, 16), leaf(4, 16, 16), leaf(4, 16)
+        w2, b2 = leaf(4, 16, 8), leaf(4, 16)
+        # The options in the order of functional.MOE: top_k, router, renormalize, expert_begin, activation,
+        # glu_layout, weight_grad_dtype; router_scale, glu_limit.
+        router_bias = torch.rand(4)
+        torch.library.opcheck(torch.ops.moekit.moe_forward.default,
+                              (x, w_router, router_bias, w1, b1, w2, b2, [2, 3, 1, 0, 0, 1, 0], [2.0, 7.0], True))
+        torch.library.opcheck(torch.ops.moekit.moe_forward.default,
+                              (x, w_router, None, w1, None, w2, None, [2, 0, 0, 0, 0, 0, 0], [1.0, 7.0], True))
 
     def test_compile_traces_the_layers_without_graph_breaks(self):
-        moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64)
-        sparse = moekit.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64)
+        moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64, router="sigmoid",
+                              router_bias=True, renormalize=True, bias=True, activation="geglu",
+                              glu_layout="interleaved")
+        sparse = moekit.SparseSwiGLU(d_model=16, d_ff=64, group_size=16, top_groups=2, dtype=torch.float64,
+                                     subsample=8, load_balance=True)
         model = torch.nn.Sequential(moe, sparse)
         compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
         x = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)

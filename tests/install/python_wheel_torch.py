@@ -4,9 +4,10 @@ install_python_wheel through examples/python/run_test.sh, which picks a Python t
     python python_wheel_torch.py WORK_DIR
 
 A virtualenv that sees this Python's torch (its system site packages) installs the wheel that install_python_wheel
-left in WORK_DIR/dist, alone; examples/python/test_moekit.py runs there with -P, so that `import moekit` is the
-installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be imported, where Python
-is older than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was not run).
+left in WORK_DIR/dist, alone; examples/python/test_moekit.py and test_options.py run there with -P, so that
+`import moekit` is the installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be
+imported, where Python is older than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was
+not run).
 """
 import glob
 import os
@@ -21,7 +22,8 @@ except ImportError as error:
     print("python_wheel_torch: torch cannot be imported (%s): skipped" % error)
     sys.exit(77)
 
-TEST = pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / "test_moekit.py"
+TESTS = [pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / name
+         for name in ("test_moekit.py", "test_options.py")]
 
 
 def main(work):
@@ -44,7 +46,8 @@ def main(work):
                     "assert moekit.library_path() == _capi.BUNDLED, moekit.library_path()"],
                    check=True, env=environment, cwd=work)
     print("python_wheel_torch: torch %s from %s" % (torch.__version__, os.path.dirname(torch.__file__)))
-    return subprocess.run([python, "-P", str(TEST)], env=environment, cwd=work).returncode
+    codes = [subprocess.run([python, "-P", str(test)], env=environment, cwd=work).returncode for test in TESTS]
+    return next((code for code in codes if code != 0), 0)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""moekit from PyTorch through ctypes (no compiled extension): libmoekit.so's MoE layer and group-sparse SwiGLU FFN
-as differentiable functions and nn.Modules, on CPU tensors (reference backend) and CUDA tensors (CUDA backend).
+"""moekit from PyTorch through ctypes (no compiled extension): libmoekit.so's MoE layer, its experts alone, dispatch and
+combine, and the group-sparse SwiGLU FFN, with every option of the C API's layers, as differentiable functions and
+nn.Modules, on CPU tensors (reference backend) and CUDA tensors (CUDA backend).
 
     import torch, moekit
     layer = moekit.MoELayer(hidden=1024, intermediate=512, experts=32, top_k=4, device="cuda",
@@ -15,11 +16,13 @@ import importlib
 from ._capi import MoekitError, NotSupportedError, build_info, library_path, load
 
 # The names that need torch, by the module that defines them.
-_TORCH_NAMES = {"MoELayer": "modules", "SparseSwiGLU": "modules", "moe": "functional", "sparse_swiglu": "functional",
-                "CUSTOM_OPS": "functional"}
+_TORCH_NAMES = dict(
+    {name: "modules" for name in ("MoELayer", "Experts", "SparseSwiGLU")},
+    **{name: "functional" for name in ("moe", "experts", "sparse_swiglu", "dispatch", "gather_tokens", "combine",
+                                       "offsets_from_counts", "subsample_rows", "load_balance_update", "Routing",
+                                       "Selection", "Dispatch", "CUSTOM_OPS")})
 
-__all__ = ["MoELayer", "SparseSwiGLU", "moe", "sparse_swiglu", "MoekitError", "NotSupportedError", "load",
-           "library_path", "build_info", "CUSTOM_OPS"]
+__all__ = sorted(_TORCH_NAMES) + ["MoekitError", "NotSupportedError", "load", "library_path", "build_info"]
 
 
 def __getattr__(name):

@@ -154,6 +154,63 @@ class SparseFfnBwdArgs(ctypes.Structure):
     )
 
 
+class DispatchDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("max_tokens", c_int64),
+        ("top_k", c_int64),
+        ("max_pairs", c_int64),
+        ("experts", c_int64),
+        ("expert_begin", c_int64),
+    ]
+
+
+class DispatchArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t)] + _tensors("indices", "tok_offsets", "expert_offsets", "gather_idx",
+                                                      "pair_idx", "grouped_pos")
+
+
+class CombineDesc(ctypes.Structure):
+    _fields_ = [
+        ("struct_size", c_size_t),
+        ("max_tokens", c_int64),
+        ("top_k", c_int64),
+        ("max_pairs", c_int64),
+        ("hidden", c_int64),
+        ("dtype", c_int32),
+    ]
+
+
+class CombineArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("grouped", "scores", "grouped_pos", "tok_offsets", "out")
+        + [("beta", c_double)]
+    )
+
+
+class LoadBalanceArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("counts", "ema", "bias")
+        + [("tokens", c_double), ("top_groups", c_int64), ("momentum", c_double), ("gamma", c_double),
+           ("bias_max", c_double)]
+    )
+
+
+class ExpertsFwdArgs(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t)] + _tensors("x", "offsets", "w1", "b1", "w2", "b2", "y")
+
+
+class ExpertsBwdArgs(ctypes.Structure):
+    _fields_ = (
+        [("struct_size", c_size_t)]
+        + _tensors("x", "offsets", "w1", "w2", "dy", "dx", "dw1", "db1", "dw2", "db2")
+        + [("compute_input_grad", c_int32), ("compute_weight_grad", c_int32)]
+        + [(name, c_double) for name in ("beta_dx", "beta_dw1", "beta_db1", "beta_dw2", "beta_db2")]
+    )
+
+
 # The structs above by their names in moekit.h (for the layout test).
 STRUCTS = {
     "moekit_device_t": Device,
@@ -167,6 +224,13 @@ STRUCTS = {
     "moekit_sparse_ffn_desc_t": SparseFfnDesc,
     "moekit_sparse_ffn_fwd_args_t": SparseFfnFwdArgs,
     "moekit_sparse_ffn_bwd_args_t": SparseFfnBwdArgs,
+    "moekit_dispatch_desc_t": DispatchDesc,
+    "moekit_dispatch_args_t": DispatchArgs,
+    "moekit_combine_desc_t": CombineDesc,
+    "moekit_combine_args_t": CombineArgs,
+    "moekit_load_balance_args_t": LoadBalanceArgs,
+    "moekit_experts_fwd_args_t": ExpertsFwdArgs,
+    "moekit_experts_bwd_args_t": ExpertsBwdArgs,
 }
 
 
@@ -215,6 +279,23 @@ _PROTOTYPES = {
     "moekit_sparse_ffn_bwd_args_init": [_P(SparseFfnBwdArgs)],
     "moekit_sparse_ffn_forward": [c_void_p, _P(SparseFfnFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
     "moekit_sparse_ffn_backward": [c_void_p, _P(SparseFfnBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_experts_plan_create": [c_void_p, _P(MoeDesc), _P(c_void_p)],
+    "moekit_experts_fwd_args_init": [_P(ExpertsFwdArgs)],
+    "moekit_experts_bwd_args_init": [_P(ExpertsBwdArgs)],
+    "moekit_experts_forward": [c_void_p, _P(ExpertsFwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_experts_backward": [c_void_p, _P(ExpertsBwdArgs), c_void_p, c_size_t, c_void_p, c_size_t, c_void_p],
+    "moekit_dispatch_desc_init": [_P(DispatchDesc)],
+    "moekit_dispatch_plan_create": [c_void_p, _P(DispatchDesc), _P(c_void_p)],
+    "moekit_dispatch_args_init": [_P(DispatchArgs)],
+    "moekit_dispatch": [c_void_p, _P(DispatchArgs), c_void_p, c_size_t, c_void_p],
+    "moekit_combine_desc_init": [_P(CombineDesc)],
+    "moekit_combine_plan_create": [c_void_p, _P(CombineDesc), _P(c_void_p)],
+    "moekit_combine_args_init": [_P(CombineArgs)],
+    "moekit_combine": [c_void_p, _P(CombineArgs), c_void_p, c_size_t, c_void_p],
+    "moekit_broadcast_backward": [c_void_p, _P(CombineArgs), c_void_p, c_size_t, c_void_p],
+    "moekit_load_balance_args_init": [_P(LoadBalanceArgs)],
+    "moekit_load_balance_update": [c_void_p, _P(LoadBalanceArgs), c_void_p],
+    "moekit_subsample_rows": [c_uint64, c_int64, c_int64, c_int64, _P(c_int32)],
 }
 _RESTYPES = {"moekit_get_version": c_int32, "moekit_status_string": ctypes.c_char_p, "moekit_get_last_error": c_size_t,
              "moekit_plan_describe": c_size_t}

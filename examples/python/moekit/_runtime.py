@@ -27,6 +27,14 @@ _DTYPES = {
 }
 
 
+_TORCH_DTYPES = {value: key for key, value in _DTYPES.items()}
+
+
+def torch_dtype(dtype):
+    """The torch dtype of a moekit dtype; None for MOEKIT_DTYPE_INVALID (0), a descriptor's "the layer's dtype"."""
+    return _TORCH_DTYPES.get(dtype)
+
+
 def moekit_dtype(dtype):
     try:
         return _DTYPES[dtype]

@@ -1,0 +1,490 @@
+"""Every option of moekit's Python layers and building blocks on CPU tensors (moekit's reference backend), against
+the plain-PyTorch oracles of moekit.reference in fp64: the MoE layer's router kinds, renormalisation, scale and
+selection bias, activations, GLU layouts, biases, local expert range, routing outputs and fused main_grad
+accumulation; the experts alone on grouped rows; dispatch, gather_tokens and combine; the sparse FFN's subsample rows
+and load-balance bias and its update. Forward values, every gradient (torch.autograd.gradcheck where it is cheap) and
+bad arguments raising MoekitError or ValueError that name the argument. Run as test_moekit.py is (run_test.sh);
+exits 77 where torch cannot be imported.
+"""
+import itertools
+import sys
+import unittest
+
+try:
+    import torch
+except ImportError as error:
+    print("test_options: torch cannot be imported (%s): skipped" % error)
+    sys.exit(77)
+
+import moekit  # noqa: E402
+from moekit import functional, reference  # noqa: E402
+
+F64 = torch.float64
+T, H, I, E, K = 12, 8, 4, 6, 2
+
+
+def _randn(*shape, scale=1.0, dtype=F64):
+    return (torch.randn(*shape, dtype=F64) * scale).to(dtype)
+
+
+def _moe_inputs(activation="swiglu", bias=True, experts=E, router_experts=E, dtype=F64):
+    width = 2 * I if activation in functional.GATED_ACTIVATIONS else I
+    inputs = dict(x=_randn(T, H), w_router=_randn(router_experts, H, scale=0.7),
+                  w1=_randn(experts, width, H, scale=0.5), w2=_randn(experts, H, I, scale=0.5))
+    if bias:
+        inputs.update(b1=_randn(experts, width, scale=0.5), b2=_randn(experts, H, scale=0.5))
+    return {name: t.to(dtype) for name, t in inputs.items()}
+
+
+def _run(fn, inputs, dout, **options):
+    """fn's output and the gradients of sum(out * dout) for every floating input (0 where out does not depend on
+    it: a plain-PyTorch layer of no token makes no graph)."""
+    leaves = {name: t.clone().requires_grad_(t.is_floating_point()) for name, t in inputs.items()}
+    out = fn(**leaves, **options)
+    if out.requires_grad:
+        (out * dout).sum().backward()
+    return out.detach(), {name: t.grad if t.grad is not None else torch.zeros_like(t)
+                          for name, t in leaves.items() if t.is_floating_point()}
+
+
+class Case(unittest.TestCase):
+    def setUp(self):
+        torch.manual_seed(0)
+
+    def assert_matches(self, fn, ref, inputs, rtol=1e-9, atol=1e-11, **options):
+        dout = _randn(*fn(**inputs, **options).shape)
+        got, got_grads = _run(fn, inputs, dout, **options)
+        want, want_grads = _run(ref, inputs, dout, **options)
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
+        for name in want_grads:
+            torch.testing.assert_close(got_grads[name], want_grads[name], rtol=rtol, atol=atol, msg=name)
+
+    def assert_names(self, error_type, argument, fn, *args, **kwargs):
+        with self.assertRaises(error_type) as caught:
+            fn(*args, **kwargs)
+        self.assertIn(argument, str(caught.exception))
+
+
+def _moe(x, w_router, w1, w2, **options):
+    return moekit.moe(x, w_router, w1, w2, K, **options)
+
+
+def _moe_reference(x, w_router, w1, w2, **options):
+    return reference.moe_reference(x, w_router, w1, w2, K, **options)
+
+
+ROUTER_CASES = [
+    dict(router="softmax_topk"),
+    dict(router="topk_softmax"),
+    dict(router="topk_softmax", renormalize=True),
+    dict(router="topk"),
+    dict(router="sigmoid", router_scale=2.5),
+    dict(router="sigmoid", renormalize=True, router_scale=0.5),
+]
+
+
+class MoELayerOptions(Case):
+    def test_every_router_activation_and_layout_against_the_reference(self):
+        for activation, layout, router in itertools.product(functional.ACTIVATIONS, functional.GLU_LAYOUTS,
+                                                            ROUTER_CASES):
+            if layout == "interleaved" and activation not in functional.GATED_ACTIVATIONS:
+                continue
+            with self.subTest(activation=activation, glu_layout=layout, **router):
+                options = dict(router, activation=activation, glu_layout=layout, glu_limit=1.0)
+                if router["router"] == "sigmoid":
+                    options["router_bias"] = torch.rand(E) * 0.2
+                self.assert_matches(_moe, _moe_reference, _moe_inputs(activation), **options)
+
+    def test_without_biases(self):
+        self.assert_matches(_moe, _moe_reference, _moe_inputs(bias=False), router="topk_softmax", renormalize=True)
+
+    def test_bf16_against_the_fp64_reference_of_its_inputs(self):
+        for options in (dict(router="sigmoid", renormalize=True, router_scale=2.0, activation="geglu",
+                             glu_layout="interleaved", router_bias=torch.rand(E) * 0.1),
+                        dict(router="topk_softmax", activation="relu2", expert_begin=1)):
+            with self.subTest(**options):
+                inputs = _moe_inputs(options["activation"], dtype=torch.bfloat16, experts=E - 1)
+                dout = _randn(T, H)
+                got, got_grads = _run(lambda **t: _moe(**t, **options).double(), inputs, dout)
+                wide = {name: t.double() for name, t in inputs.items()}
+                want, want_grads = _run(lambda **t: _moe_reference(**t, storage_dtype=torch.bfloat16, **options),
+                                        wide, dout)
+                for name, value in [("out", got)] + list(got_grads.items()):
+                    reference_value = want if name == "out" else want_grads[name]
+                    error = (value.double() - reference_value).norm() / reference_value.norm()
+                    self.assertLess(error.item(), 2e-2, name)
+
+    def test_gradcheck(self):
+        cases = [dict(activation="swiglu_oai", glu_limit=1.5, router="sigmoid", renormalize=True, router_scale=2.0),
+                 dict(activation="geglu", glu_layout="interleaved", router="topk_softmax"),
+                 dict(activation="relu2", router="softmax_topk")]
+        for options in cases:
+            with self.subTest(**options):
+                inputs = _moe_inputs(options["activation"])
+                leaves = [t.requires_grad_() for t in inputs.values()]
+                names = list(inputs)
+
+                def fn(*tensors, options=options):
+                    return _moe(**dict(zip(names, tensors)), **options)
+
+                self.assertTrue(torch.autograd.gradcheck(fn, leaves))
+
+    def test_local_experts_drop_the_pairs_routed_elsewhere(self):
+        inputs = _moe_inputs(experts=3, router_experts=8)
+        self.assert_matches(_moe, _moe_reference, inputs, expert_begin=2, router="topk_softmax")
+        out, routing = _moe(**inputs, expert_begin=2, return_routing=True)
+        _, want = _moe_reference(**inputs, expert_begin=2, return_routing=True)
+        self.assertEqual(routing.counts.shape, (8,))
+        self.assertTrue(torch.equal(routing.counts, want.counts))
+        dropped = ((routing.indices < 2) | (routing.indices >= 5)).all(dim=1)
+        self.assertTrue(dropped.any())
+        self.assertTrue(torch.equal(out[dropped], torch.zeros_like(out[dropped])))
+
+    def test_routing_outputs(self):
+        inputs = _moe_inputs()
+        for options in ROUTER_CASES:
+            with self.subTest(**options):
+                out, routing = _moe(**inputs, return_routing=True, **options)
+                want_out, want = _moe_reference(**inputs, return_routing=True, **options)
+                self.assertEqual((routing.scores.dtype, routing.indices.dtype, routing.counts.dtype),
+                                 (torch.float32, torch.int64, torch.int32))
+                self.assertTrue(torch.equal(routing.indices, want.indices))
+                self.assertTrue(torch.equal(routing.counts, want.counts))
+                torch.testing.assert_close(routing.scores, want.scores)
+                torch.testing.assert_close(out, want_out)
+
+    def test_the_router_bias_steers_the_selection_not_the_scores(self):
+        inputs = _moe_inputs()
+        bias = torch.zeros(E)
+        bias[4] = 10.0
+        _, routing = _moe(**inputs, router="sigmoid", router_bias=bias, return_routing=True)
+        self.assertTrue(torch.equal(routing.indices[:, 0], torch.full((T,), 4)))
+        logits = inputs["x"] @ inputs["w_router"].t()
+        torch.testing.assert_close(routing.scores[:, 0], torch.sigmoid(logits[:, 4]).float())
+
+    def test_no_grad_gives_the_training_output(self):
+        inputs = _moe_inputs("gelu")
+        leaves = {name: t.requires_grad_() for name, t in inputs.items()}
+        options = dict(activation="gelu", router="sigmoid", router_bias=torch.rand(E))
+        training = _moe(**leaves, **options)
+        with torch.no_grad():
+            inference, routing = _moe(**leaves, return_routing=True, **options)
+        self.assertTrue(torch.equal(training.detach(), inference))
+        self.assertFalse(routing.scores.requires_grad)
+
+    def test_input_and_weight_gradients_alone(self):
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        _, want = _run(_moe, inputs, dout)
+        for trained in (["x"], ["w1", "b2"]):
+            leaves = {name: t.clone().requires_grad_(name in trained) for name, t in inputs.items()}
+            (_moe(**leaves) * dout).sum().backward()
+            for name, leaf in leaves.items():
+                if name in trained:
+                    torch.testing.assert_close(leaf.grad, want[name], msg=name)
+                else:
+                    self.assertIsNone(leaf.grad, name)
+
+    def test_bad_arguments_name_themselves(self):
+        inputs = _moe_inputs()
+        self.assert_names(ValueError, "router", _moe, **inputs, router="softmax")
+        self.assert_names(ValueError, "activation", _moe, **inputs, activation="swish")
+        self.assert_names(ValueError, "glu_layout", _moe, **inputs, glu_layout="split")
+        self.assert_names(moekit.MoekitError, "router_bias", _moe, **inputs, router_bias=torch.zeros(E))
+        self.assert_names(moekit.MoekitError, "router_bias", _moe, **inputs, router="sigmoid",
+                          router_bias=torch.zeros(E + 1))
+        self.assert_names(moekit.MoekitError, "b1", _moe, **dict(inputs, b1=inputs["b1"][:, :I]))
+        self.assert_names(moekit.MoekitError, "expert_begin", _moe, **inputs, expert_begin=-1)
+        self.assert_names(ValueError, "w1", _moe, **dict(inputs, w1=inputs["w1"][0]))
+        self.assert_names(ValueError, "router", moekit.MoELayer, H, I, E, K, router="dense")
+        self.assert_names(ValueError, "router_bias", moekit.MoELayer, H, I, E, K, router_bias=True)
+
+
+class FewTokens(Case):
+    def test_no_token_and_one_token(self):
+        for tokens in (0, 1):
+            with self.subTest(tokens=tokens):
+                inputs = dict(_moe_inputs(), x=_randn(tokens, H))
+                for options in ROUTER_CASES:
+                    self.assert_matches(_moe, _moe_reference, inputs, **options)
+                sparse = dict(x=_randn(tokens, H), w_gate=_randn(32, H), w_up=_randn(32, H), w_down=_randn(H, 32))
+                rows = moekit.subsample_rows(1, 2, 16, 3)
+                self.assert_matches(_sparse, _sparse_reference, sparse, subsample_rows=rows)
+                routing = moekit.dispatch(torch.zeros(tokens, K, dtype=torch.int64), E)
+                x = _randn(tokens, H).requires_grad_()
+                rows = moekit.gather_tokens(x, routing.gather_idx, routing.grouped_pos)
+                out = moekit.combine(rows, torch.ones(tokens, K, dtype=F64), routing.grouped_pos)
+                out.sum().backward()
+                torch.testing.assert_close(out, K * x.detach())
+                torch.testing.assert_close(x.grad, torch.full_like(x, K))
+
+
+class FusedWeightGradAccumulation(Case):
+    def test_main_grad_receives_the_gradient_in_fp64(self):
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        _, want = _run(_moe, inputs, dout)
+        leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+        before = {}
+        for name, leaf in leaves.items():
+            if name != "x":
+                leaf.main_grad = _randn(*leaf.shape)
+                before[name] = leaf.main_grad.clone()
+        leaves["w2"].grad_added_to_main_grad = False
+        (_moe(**leaves, fuse_wgrad_accumulation=True) * dout).sum().backward()
+        torch.testing.assert_close(leaves["x"].grad, want["x"])
+        for name in before:
+            torch.testing.assert_close(leaves[name].main_grad, before[name] + want[name], msg=name)
+        self.assertIsNone(leaves["w1"].grad)
+        self.assertTrue(leaves["w2"].grad_added_to_main_grad)
+
+    def test_fp32_main_grad_of_bf16_weights(self):
+        layer = moekit.MoELayer(H, I, E, K, dtype=torch.bfloat16, bias=True, fuse_wgrad_accumulation=True)
+        for parameter in layer.parameters():
+            parameter.main_grad = torch.ones(parameter.shape, dtype=torch.float32)
+        x = _randn(T, H, dtype=torch.bfloat16)
+        dout = _randn(T, H)
+        layer(x).float().mul(dout).sum().backward()
+        weights = {name: p.detach().double().requires_grad_() for name, p in layer.named_parameters()}
+        out = reference.moe_reference(x.double(), weights["w_router"], weights["w1"], weights["w2"], K,
+                                      storage_dtype=torch.bfloat16, b1=weights["b1"], b2=weights["b2"])
+        (out * dout).sum().backward()
+        for name, parameter in layer.named_parameters():
+            self.assertEqual(parameter.main_grad.dtype, torch.float32)
+            got, want = parameter.main_grad.double() - 1, weights[name].grad
+            self.assertLess(((got - want).norm() / want.norm()).item(), 2e-2, name)
+
+    def test_sparse_ffn_and_experts_accumulate_too(self):
+        sparse = moekit.SparseSwiGLU(16, 64, 16, 2, dtype=F64)
+        experts = moekit.Experts(H, I, 3, dtype=F64, bias=True)
+        offsets = torch.tensor([0, 3, 3, 7], dtype=torch.int32)
+        for module, args in ((sparse, (_randn(5, 16),)), (experts, (_randn(9, H), offsets))):
+            with self.subTest(module=type(module).__name__):
+                module.fuse_wgrad_accumulation = False
+                plain = torch.autograd.grad(module(*args).square().sum(), module.parameters())
+                module.fuse_wgrad_accumulation = True
+                for parameter in module.parameters():
+                    parameter.main_grad = torch.zeros_like(parameter)
+                module(*args).square().sum().backward()
+                for parameter, want in zip(module.parameters(), plain):
+                    self.assertIsNone(parameter.grad)
+                    torch.testing.assert_close(parameter.main_grad, want)
+
+    def test_every_trained_weight_needs_a_main_grad_of_one_dtype(self):
+        inputs = {name: t.requires_grad_() for name, t in _moe_inputs().items()}
+        for name in ("w_router", "w1", "b1", "w2"):
+            inputs[name].main_grad = torch.zeros_like(inputs[name])
+        self.assert_names(ValueError, "b2", _moe, **inputs, fuse_wgrad_accumulation=True)
+        inputs["b2"].main_grad = torch.zeros_like(inputs["b2"], dtype=torch.float32)
+        self.assert_names(ValueError, "main_grad", _moe, **inputs, fuse_wgrad_accumulation=True)
+
+
+class ExpertsOnGroupedRows(Case):
+    OFFSETS = torch.tensor([0, 4, 4, 9, 13], dtype=torch.int32)  # an empty expert, and 3 rows past the last
+
+    def _inputs(self, activation="swiglu"):
+        inputs = _moe_inputs(activation, experts=4)
+        del inputs["w_router"]
+        inputs["x"] = _randn(16, H)
+        return inputs
+
+    def _experts(self, x, w1, w2, **options):
+        return moekit.experts(x, self.OFFSETS, w1, w2, **options)
+
+    def _reference(self, x, w1, w2, **options):
+        return reference.experts_reference(x, self.OFFSETS, w1, w2, **options)
+
+    def test_every_activation_against_the_reference(self):
+        for activation in functional.ACTIVATIONS:
+            with self.subTest(activation=activation):
+                self.assert_matches(self._experts, self._reference, self._inputs(activation), activation=activation)
+        self.assert_matches(self._experts, self._reference, self._inputs(), glu_layout="interleaved")
+
+    def test_gradcheck_and_rows_past_the_offsets(self):
+        inputs = self._inputs("swiglu_oai")
+        leaves = [t.requires_grad_() for t in inputs.values()]
+        names = list(inputs)
+
+        def fn(*tensors):
+            return self._experts(**dict(zip(names, tensors)), activation="swiglu_oai", glu_limit=1.0)
+
+        self.assertTrue(torch.autograd.gradcheck(fn, leaves))
+        self.assertTrue(torch.equal(fn(*leaves)[13:], torch.zeros(3, H, dtype=F64)))
+
+    def test_offsets_from_counts_and_the_module(self):
+        counts = torch.tensor([4, 0, 5, 4])
+        self.assertTrue(torch.equal(moekit.offsets_from_counts(counts), self.OFFSETS))
+        module = moekit.Experts(H, I, 4, dtype=F64, activation="relu")
+        x = _randn(16, H)
+        want = reference.experts_reference(x, self.OFFSETS, module.w1, module.w2, activation="relu")
+        torch.testing.assert_close(module(x, self.OFFSETS), want)
+
+    def test_bad_offsets_name_themselves(self):
+        inputs = self._inputs()
+        self.assert_names(moekit.MoekitError, "offsets", moekit.experts, inputs["x"], self.OFFSETS.long(),
+                          inputs["w1"], inputs["w2"])
+        self.assert_names(moekit.MoekitError, "offsets", moekit.experts, inputs["x"], self.OFFSETS[:3],
+                          inputs["w1"], inputs["w2"])
+
+
+class DispatchAndCombine(Case):
+    def test_dispatch_against_the_reference(self):
+        indices = torch.randint(-1, 9, (T, 3))
+        for begin, experts in ((0, 8), (2, 4)):
+            with self.subTest(expert_begin=begin):
+                got = moekit.dispatch(indices, experts, expert_begin=begin)
+                want = reference.dispatch_reference(indices, experts, begin)
+                for name, tensor in got._asdict().items():
+                    self.assertTrue(torch.equal(tensor, getattr(want, name)), name)
+
+    def test_general_routing(self):
+        tok_offsets = torch.tensor([0, 2, 2, 5, 6], dtype=torch.int32)
+        indices = torch.tensor([0, 3, 1, 2, 3, 0, 7, 7], dtype=torch.int32)  # two slots past tok_offsets[T]
+        got = moekit.dispatch(indices, 4, tok_offsets=tok_offsets)
+        want = reference.dispatch_reference(indices, 4, tok_offsets=tok_offsets)
+        for name, tensor in got._asdict().items():
+            self.assertTrue(torch.equal(tensor, getattr(want, name)), name)
+        grouped = _randn(8, H)
+        scores = _randn(8)
+        torch.testing.assert_close(moekit.combine(grouped, scores, got.grouped_pos, tok_offsets=tok_offsets),
+                                   reference.combine_reference(grouped, scores, got.grouped_pos, tok_offsets))
+
+    def test_combine_and_gather_tokens_gradcheck(self):
+        routing = moekit.dispatch(torch.randint(-1, 4, (T, K)), 4)
+        grouped = _randn(T * K, H).requires_grad_()
+        scores = _randn(T, K).requires_grad_()
+        x = _randn(T, H).requires_grad_()
+        combine = lambda g, s: moekit.combine(g, s, routing.grouped_pos)  # noqa: E731
+        self.assertTrue(torch.autograd.gradcheck(combine, (grouped, scores)))
+        torch.testing.assert_close(combine(grouped, scores),
+                                   reference.combine_reference(grouped, scores, routing.grouped_pos))
+        gather = lambda t: moekit.gather_tokens(t, routing.gather_idx, routing.grouped_pos)  # noqa: E731
+        self.assertTrue(torch.autograd.gradcheck(gather, (x,)))
+
+    def test_the_expert_parallel_chain_is_the_layer(self):
+        inputs = _moe_inputs()
+        leaves = {name: t.requires_grad_() for name, t in inputs.items()}
+        dout = _randn(T, H)
+        out, routing = _moe(**leaves, return_routing=True)
+        (out * dout).sum().backward()
+        want = {name: t.grad.clone() for name, t in leaves.items()}
+        for leaf in leaves.values():
+            leaf.grad = None
+        plan = moekit.dispatch(routing.indices, E)
+        rows = moekit.gather_tokens(leaves["x"], plan.gather_idx, plan.grouped_pos)
+        y = moekit.experts(rows, plan.expert_offsets, leaves["w1"], leaves["w2"], b1=leaves["b1"], b2=leaves["b2"])
+        chained = moekit.combine(y, routing.scores.double(), plan.grouped_pos)
+        torch.testing.assert_close(chained, out.detach())
+        (chained * dout).sum().backward()
+        for name in ("w1", "b1", "w2", "b2"):
+            torch.testing.assert_close(leaves[name].grad, want[name], msg=name)
+
+    def test_bad_arguments_name_themselves(self):
+        self.assert_names(ValueError, "indices", moekit.dispatch, torch.zeros(T, dtype=torch.int64), E)
+        self.assert_names(moekit.MoekitError, "indices", moekit.dispatch, torch.zeros(T, K), E)
+        routing = moekit.dispatch(torch.zeros(T, K, dtype=torch.int64), E)
+        self.assert_names(moekit.MoekitError, "grouped", moekit.combine, _randn(T * K - 1, H), _randn(T, K),
+                          routing.grouped_pos)
+
+
+def _sparse(x, w_gate, w_up, w_down, **options):
+    return moekit.sparse_swiglu(x, w_gate, w_up, w_down, 16, 2, **options)
+
+
+def _sparse_reference(x, w_gate, w_up, w_down, **options):
+    return reference.sparse_swiglu_reference(x, w_gate, w_up, w_down, 16, 2, **options)
+
+
+class SparseFfnOptions(Case):
+    def _inputs(self, d_model=8, d_ff=64):
+        return dict(x=_randn(T, d_model), w_gate=_randn(d_ff, d_model, scale=0.7),
+                    w_up=_randn(d_ff, d_model, scale=0.5), w_down=_randn(d_model, d_ff, scale=0.3))
+
+    def test_subsample_rows_and_the_load_balance_bias_against_the_reference(self):
+        rows = moekit.subsample_rows(7, 4, 16, 5)
+        bias = torch.randn(4) * 0.3
+        for options in (dict(subsample_rows=rows), dict(lb_bias=bias), dict(subsample_rows=rows, lb_bias=bias)):
+            with self.subTest(**{name: True for name in options}):
+                inputs = self._inputs()
+                self.assert_matches(_sparse, _sparse_reference, inputs, **options)
+                _, got = _sparse(**inputs, return_selection=True, **options)
+                _, want = _sparse_reference(**inputs, return_selection=True, **options)
+                self.assertTrue(torch.equal(got.groups, want[0]))
+                self.assertTrue(torch.equal(got.counts, want[1]))
+
+    def test_gradcheck(self):
+        inputs = self._inputs()
+        leaves = [t.requires_grad_() for t in inputs.values()]
+        rows, bias = moekit.subsample_rows(3, 4, 16, 8), torch.randn(4) * 0.3
+        fn = lambda *t: _sparse(*t, subsample_rows=rows, lb_bias=bias)  # noqa: E731
+        self.assertTrue(torch.autograd.gradcheck(fn, leaves))
+
+    def test_subsample_rows_are_the_documented_draw(self):
+        for seed, groups, size, rows in ((0, 3, 16, 16), (12345, 5, 32, 7), (2 ** 64 - 1, 2, 128, 1)):
+            self.assertTrue(torch.equal(moekit.subsample_rows(seed, groups, size, rows),
+                                        reference.subsample_rows_reference(seed, groups, size, rows)))
+        self.assert_names(moekit.MoekitError, "rows_per_group", moekit.subsample_rows, 0, 4, 16, 17)
+
+    def test_load_balance_update(self):
+        counts = torch.tensor([0, 3, 40, 9, 200, 12], dtype=torch.int32)
+        ema = torch.tensor([0.0, 0.1, 0.5, 0.2, 0.9, 0.35])
+        bias = torch.tensor([0.0, 0.4999, -0.2, 0.1, -0.5, 0.3])
+        want_ema, want_bias = reference.load_balance_reference(counts, ema, bias, 100.0, 2, 0.9, 0.01, 0.5)
+        moekit.load_balance_update(counts, ema, bias, 100.0, 2, momentum=0.9, gamma=0.01)
+        torch.testing.assert_close(ema, want_ema)
+        torch.testing.assert_close(bias, want_bias)
+        self.assert_names(moekit.MoekitError, "tokens", moekit.load_balance_update, counts, ema, bias, 0.0, 2)
+        self.assert_names(moekit.MoekitError, "ema", moekit.load_balance_update, counts, ema[:3], bias, 1.0, 2)
+
+    def test_the_module_keeps_its_subsample_and_bias(self):
+        module = moekit.SparseSwiGLU(8, 64, 16, 2, dtype=F64, subsample=4, subsample_seed=9, load_balance=True)
+        self.assertIn("subsample_rows", module.state_dict())
+        self.assertTrue(torch.equal(module.subsample_rows, moekit.subsample_rows(9, 4, 16, 4)))
+        x = _randn(3, T, 8)
+        out, selection = module(x, return_selection=True)
+        want = reference.sparse_swiglu_reference(x.reshape(-1, 8), module.w_gate, module.w_up, module.w_down, 16,
+                                                 2, subsample_rows=module.subsample_rows, lb_bias=module.lb_bias)
+        torch.testing.assert_close(out.reshape(-1, 8), want)
+        self.assertEqual(int(selection.counts.sum()), 3 * T * 2)
+        module.update_load_balance(selection.counts, 3 * T, gamma=0.1)
+        ema, bias = reference.load_balance_reference(selection.counts, torch.zeros(4), torch.zeros(4), 3 * T, 2,
+                                                     gamma=0.1)
+        torch.testing.assert_close(module.lb_bias, bias)
+        torch.testing.assert_close(module.lb_ema, ema)
+        self.assert_names(ValueError, "lb_bias", moekit.SparseSwiGLU(8, 64, 16, 2).update_load_balance,
+                          selection.counts, 1)
+        self.assert_names(ValueError, "group_size", moekit.SparseSwiGLU, 8, 64, 24, 2)
+
+    def test_the_moe_module_moves_its_router_bias(self):
+        layer = moekit.MoELayer(H, I, E, K, dtype=F64, router="sigmoid", router_bias=True, renormalize=True,
+                                router_scale=2.0, bias=True, activation="swiglu_oai", glu_layout="interleaved")
+        x = _randn(2, T, H)
+        out, routing = layer(x, return_routing=True)
+        parameters = dict(layer.named_parameters())
+        want = reference.moe_reference(x.reshape(-1, H), parameters["w_router"], parameters["w1"], parameters["w2"],
+                                       K, b1=parameters["b1"], b2=parameters["b2"], router="sigmoid",
+                                       renormalize=True, router_scale=2.0, router_bias=layer.router_bias,
+                                       activation="swiglu_oai", glu_layout="interleaved")
+        torch.testing.assert_close(out.reshape(-1, H), want)
+        layer.update_router_bias(routing.counts, 2 * T, gamma=0.1)
+        ema, bias = reference.load_balance_reference(routing.counts, torch.zeros(E), torch.zeros(E), 2 * T, K,
+                                                     gamma=0.1)
+        torch.testing.assert_close(layer.router_bias, bias)
+        torch.testing.assert_close(layer.router_bias_ema, ema)
+        self.assert_names(ValueError, "router_bias", moekit.MoELayer(H, I, E, K).update_router_bias,
+                          routing.counts, 1)
+
+    def test_the_biases_stay_fp32_when_the_module_is_cast(self):
+        moe = moekit.MoELayer(H, I, E, K, router="sigmoid", router_bias=True).to(torch.bfloat16)
+        sparse = moekit.SparseSwiGLU(H, 64, 16, 2, load_balance=True).double()
+        for module, names in ((moe, ("router_bias", "router_bias_ema")), (sparse, ("lb_bias", "lb_ema"))):
+            self.assertNotEqual(module.w1.dtype if module is moe else module.w_gate.dtype, torch.float32)
+            for name in names:
+                self.assertEqual(getattr(module, name).dtype, torch.float32, name)
+        moe(_randn(T, H, dtype=torch.bfloat16))
+        sparse(_randn(T, H))
+
+
+if __name__ == "__main__":
+    print("test_options: torch %s, library %s" % (torch.__version__, moekit.library_path()))
+    unittest.main(verbosity=2)
