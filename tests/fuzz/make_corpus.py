@@ -78,6 +78,8 @@ def view_seeds():
         seeds[f"{name}-memory"] = case(op, CONFIGS["fp16-wide"], edit(0, MISALIGN, 0, 1), edit(1 % slots, ALIAS, 0, 0),
                                        edit(slots - 1, DEVICE, 0, 2), edit(0, RESERVED, 1, 9),
                                        edit(slots + 0, 0), edit(slots + 1, 1, 3, 8), edit(slots + 3, 3, 0, 5))
+    # db2 + ds without b2, so without dscores: P = 10 grouped rows.
+    seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
 
 
@@ -94,6 +96,7 @@ def value_seeds():
         name = OPS[op][0]
         seeds[f"{name}-saved-header"] = case(op, (), edit(OPS[op][1] + 3, 3, 1, 9))
         seeds[f"{name}-saved-null"] = case(op, (), edit(OPS[op][1] + 3, 0))
+    seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
 
 
