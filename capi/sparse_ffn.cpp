@@ -24,6 +24,8 @@ void resolve_sparse_ffn(const moekit_handle& handle, moekit_sparse_ffn_desc_t& d
     throw_invalid("d_ff: " + std::to_string(d.d_ff) +
                   " is not a multiple of group_size = " + std::to_string(d.group_size));
   require_in_range("top_groups", d.top_groups, 1, d.d_ff / d.group_size, "1 <= top_groups <= d_ff / group_size");
+  require_tensor_size("x", {{"max_tokens", d.max_tokens}, {"d_model", d.d_model}});
+  require_tensor_size("w_gate", {{"d_ff", d.d_ff}, {"d_model", d.d_model}});
   require_in_range("subsample", d.subsample, 0, d.group_size, "0 <= subsample <= group_size; 0 = all rows");
   require_float_dtype(handle, "dtype", d.dtype);
   require_flag("inference", d.inference);

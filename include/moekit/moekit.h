@@ -10,7 +10,8 @@
  *    passed as an output was written, and moekit_get_last_error() holds a message naming the argument.
  *  - Tensors are borrowed views (moekit_tensor_t). Shapes and strides count elements. A CUDA handle reads
  *    and writes device memory, a reference handle host memory; the view's `device` must match the handle.
- *  - Plan, then run: a plan holds the host decisions for one problem shape; the run functions only enqueue
+ *  - Plan, then run: a plan holds the host decisions for one problem shape (a descriptor whose tensors would
+ *    have more than 2^56 elements at the plan's bounds is INVALID_VALUE); the run functions only enqueue
  *    work on the caller's stream (a cudaStream_t passed as void*; NULL = the legacy default stream; ignored
  *    by the reference backend, which computes synchronously). No run function synchronises the host, and
  *    none allocates device memory: scratch memory is the caller's workspace, whose size the plan reports.

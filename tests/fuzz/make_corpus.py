@@ -48,6 +48,10 @@ def plan_create_seeds():
         seeds[f"{name}-null-output"] = case(k, (), edit(fields + 1))
         seeds[f"{name}-huge"] = case(k, (), boundary(1, 0, "int64_max"), boundary(2, 0, "2^62"),
                                      boundary(fields - 1, 0, "int64_min"))
+    # Fields of the MoE descriptor: 3 intermediate, 4 router_experts; experts (kind 9) shares them.
+    seeds["regression-moe-h-width-overflow"] = case(8, (), boundary(3, 0, "2^62"))
+    seeds["regression-moe-logits-overflow"] = case(8, (), boundary(4, 0, "int64_max-1"))
+    seeds["regression-experts-h-overflow"] = case(9, (), boundary(3, 0, "2^61"))
     return seeds
 
 
