@@ -118,10 +118,11 @@ typedef struct moekit_device {
  * the *_init functions leave it); a tensor with a zero extent is present even with data == NULL (as PyTorch hands
  * out empty tensors). Strides count elements; the last dimension must be contiguous (stride 1) unless a function
  * says otherwise; the other dimensions need not be contiguous but must not overlap (stride[i] >= stride[i+1] *
- * shape[i+1]; dimensions of extent 1 are exempt). Data must be aligned to its element size (16 bytes on a CUDA
- * handle for bf16/fp16/fp32 matrices). A tensor "read flat" may have any rank with the stated element count, and
- * must then be contiguous. Tensors of scores and score gradients documented as fp32 may also be fp64 in an fp64
- * plan (reference backend). */
+ * shape[i+1]; dimensions of extent 1 are exempt), and the furthest element must end less than 2^63 bytes past
+ * data (no memory holds more). Data must be aligned to its element size (16 bytes on a CUDA handle for
+ * bf16/fp16/fp32 matrices). A tensor "read flat" may have any rank with the stated element count, and must then be
+ * contiguous. Tensors of scores and score gradients documented as fp32 may also be fp64 in an fp64 plan (reference
+ * backend). */
 typedef struct moekit_tensor {
   void* data;
   int32_t dtype; /* moekit_dtype_t */

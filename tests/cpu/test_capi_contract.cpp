@@ -638,6 +638,16 @@ const Mutation kMutations[] = {
     {"a misaligned pointer",
      [](const Slot&, moekit_tensor_t& t) { return t.data = static_cast<char*>(t.data) + 1, true; }},
     {"a CUDA device", [](const Slot&, moekit_tensor_t& t) { return t.device = {MOEKIT_DEVICE_CUDA, 0}, true; }},
+    // No memory holds such a view; before it was rejected, its element offsets overflowed int64 in the backend.
+    {"a stride reaching past 2^63 bytes",
+     [](const Slot&, moekit_tensor_t& t) {
+       if (t.rank < 2 || t.shape[0] < 2) return false;
+       t.stride[0] = std::numeric_limits<int64_t>::max();
+       return true;
+     }},
+    // The run-time extent of a [T+1] tensor is shape[0] - 1: it must not wrap around.
+    {"a first extent of INT64_MIN",
+     [](const Slot&, moekit_tensor_t& t) { return t.shape[0] = std::numeric_limits<int64_t>::min(), true; }},
     {"a nonzero reserved field", [](const Slot&, moekit_tensor_t& t) { return t.reserved[1] = 42, true; }},
 };
 

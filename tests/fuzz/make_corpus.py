@@ -82,6 +82,12 @@ def view_seeds():
         seeds[f"{name}-memory"] = case(op, CONFIGS["fp16-wide"], edit(0, MISALIGN, 0, 1), edit(1 % slots, ALIAS, 0, 0),
                                        edit(slots - 1, DEVICE, 0, 2), edit(0, RESERVED, 1, 9),
                                        edit(slots + 0, 0), edit(slots + 1, 1, 3, 8), edit(slots + 3, 3, 0, 5))
+    # A stride of INT64_MAX on dimension 0 of a tensor of 5 or 10 rows: strides reaching past 2^63 bytes.
+    for op, slot in ((0, 0), (3, 2), (4, 2), (10, 0)):
+        seeds[f"regression-{OPS[op][0]}-stride-past-2^63"] = case(op, (), boundary(slot, STRIDE, "int64_max", 0))
+    seeds["regression-router_forward-stride-2^61"] = case(0, (), boundary(0, STRIDE, "2^61", 0))
+    # General dispatch (variant bit 0): tok_offsets [T+1] with shape[0] = INT64_MIN, T = shape[0] - 1 wrapped.
+    seeds["regression-dispatch-tok-offsets-int64-min"] = case(2, (0, 0, 0, 0, 0, 0, 1), boundary(0, SHAPE, "int64_min"))
     # db2 + ds without b2, so without dscores: P = 10 grouped rows.
     seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
