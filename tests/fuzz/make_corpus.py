@@ -106,6 +106,8 @@ def value_seeds():
         name = OPS[op][0]
         seeds[f"{name}-saved-header"] = case(op, (), edit(OPS[op][1] + 3, 3, 1, 9))
         seeds[f"{name}-saved-null"] = case(op, (), edit(OPS[op][1] + 3, 0))
+    # Dispatch with int64 ids (byte 0 bit 2) and expert_begin = 1 (byte 7): boundary ids include INT64_MIN.
+    seeds["regression-dispatch-int64-min-id"] = case(2, (4, 0, 0, 0, 0, 0, 0, 1), edit(0, BOUNDARY_VALUES, 0, 1))
     seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
 
