@@ -30,8 +30,8 @@ void subsample_rows(uint64_t seed, int64_t num_groups, int64_t group_size, int64
     throw_invalid("rows_per_group: must be in [1, group_size = " + std::to_string(group_size) + "], got " +
                   std::to_string(rows_per_group));
   if (out == nullptr && num_groups > 0) throw_invalid("out: must not be NULL");
-  if (num_groups * group_size > INT32_MAX)
-    throw_invalid("num_groups: num_groups * group_size = " + std::to_string(num_groups * group_size) +
+  if (group_size > INT32_MAX || num_groups > INT32_MAX / group_size)
+    throw_invalid("num_groups: " + std::to_string(num_groups) + " groups of " + std::to_string(group_size) +
                   " neuron ids do not fit int32");
   uint64_t state = seed;
   std::vector<int64_t> perm(static_cast<size_t>(group_size));

@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -72,5 +74,17 @@ TEST_CASE("subsample rows reject a row count outside 1..group_size", "[subsample
   std::vector<int32_t> out(64, -7);
   REQUIRE(moekit_subsample_rows(1, 2, 16, 0, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
   REQUIRE(moekit_subsample_rows(1, 2, 16, 17, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(std::all_of(out.begin(), out.end(), [](int32_t v) { return v == -7; }));
+}
+
+TEST_CASE("subsample rows reject more neuron ids than int32 holds, however many groups", "[subsample_rows]") {
+  std::vector<int32_t> out(64, -7);
+  // (2^63 - 2) * 16 wraps to -32 in 64 bits: the count must be checked without the product.
+  for (int64_t groups : {std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::max() / 16 + 1,
+                         int64_t{1} << 27}) {
+    INFO("num_groups " << groups);
+    REQUIRE(moekit_subsample_rows(1, groups, 16, 1, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
+    REQUIRE_THAT(moekit_test::last_error(), Catch::StartsWith("num_groups:"));
+  }
   REQUIRE(std::all_of(out.begin(), out.end(), [](int32_t v) { return v == -7; }));
 }

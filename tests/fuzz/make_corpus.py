@@ -108,6 +108,8 @@ def value_seeds():
         seeds[f"{name}-saved-null"] = case(op, (), edit(OPS[op][1] + 3, 0))
     # Dispatch with int64 ids (byte 0 bit 2) and expert_begin = 1 (byte 7): boundary ids include INT64_MIN.
     seeds["regression-dispatch-int64-min-id"] = case(2, (4, 0, 0, 0, 0, 0, 0, 1), edit(0, BOUNDARY_VALUES, 0, 1))
+    # subsample_rows with num_groups = INT64_MAX - 1 (its second scalar): num_groups * group_size wrapped.
+    seeds["regression-subsample_rows-num-groups-overflow"] = case(16, (), boundary(1 + SPECIALS + 1, 0, "int64_max-1"))
     seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
 
