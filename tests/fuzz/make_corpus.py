@@ -52,6 +52,8 @@ def plan_create_seeds():
     seeds["regression-moe-h-width-overflow"] = case(8, (), boundary(3, 0, "2^62"))
     seeds["regression-moe-logits-overflow"] = case(8, (), boundary(4, 0, "int64_max-1"))
     seeds["regression-experts-h-overflow"] = case(9, (), boundary(3, 0, "2^61"))
+    # The configuration block's first 4 bytes are the status moekit_status_string names: -1, no status of moekit.h.
+    seeds["regression-status-string-unknown"] = case(0, (0xFF, 0xFF, 0xFF, 0xFF))
     return seeds
 
 
@@ -90,6 +92,9 @@ def view_seeds():
     seeds["regression-dispatch-tok-offsets-int64-min"] = case(2, (0, 0, 0, 0, 0, 0, 1), boundary(0, SHAPE, "int64_min"))
     # db2 + ds without b2, so without dscores: P = 10 grouped rows.
     seeds["regression-db2_ds-without-dscores"] = case(7)
+    # moekit_tensor_make (rank 2 from the table) of dtype 2^30, no dtype of moekit.h, and of shape [5, 2^62 + 1].
+    seeds["regression-tensor-make-unknown-dtype"] = case(0, (), edit(0, DTYPE, 0, 11), edit(0, MAKE, 0x10, 3))
+    seeds["regression-tensor-make-stride-overflow"] = case(0, (), edit(0, SHAPE, 1 << 2, 23), edit(0, MAKE, 0x10, 3))
     return seeds
 
 
