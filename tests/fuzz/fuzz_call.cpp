@@ -24,6 +24,12 @@ constexpr __int128 kMaxBacked = 1 << 18;
 constexpr __int128 kUnbacked = static_cast<__int128>(std::numeric_limits<int64_t>::max()) + 1;
 constexpr uint8_t kPoison = 0xa5;
 
+// The int64 nearest to v: the edits' arithmetic must not overflow where the library's would.
+int64_t clamped(__int128 v) {
+  return static_cast<int64_t>(
+      std::clamp<__int128>(v, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+}
+
 bool is_integer(int32_t dtype) { return dtype == MOEKIT_DTYPE_INT32 || dtype == MOEKIT_DTYPE_INT64; }
 
 moekit_tensor_t contiguous_view(int32_t dtype, const std::vector<int64_t>& shape) {
@@ -305,9 +311,11 @@ struct Engine::State {
         // Wider rows, a view into a larger buffer: still valid.
         if (v.rank < 2 || v.rank > MOEKIT_MAX_RANK) return;
         const int dim = static_cast<int>(e.raw % static_cast<uint64_t>(v.rank - 1));
-        v.stride[dim] = v.stride[dim] * static_cast<int64_t>(1 + e.raw % 3) + static_cast<int64_t>((e.raw >> 8) % 5);
+        v.stride[dim] = clamped(static_cast<__int128>(v.stride[dim]) * static_cast<int64_t>(1 + e.raw % 3) +
+                                static_cast<int64_t>((e.raw >> 8) % 5));
         for (int outer = dim - 1; outer >= 0; --outer)
-          v.stride[outer] = std::max(v.stride[outer], v.stride[outer + 1] * std::max<int64_t>(v.shape[outer + 1], 1));
+          v.stride[outer] = std::max(v.stride[outer], clamped(static_cast<__int128>(v.stride[outer + 1]) *
+                                                              std::max<int64_t>(v.shape[outer + 1], 1)));
         break;
       }
       case 7:
@@ -351,7 +359,7 @@ struct Engine::State {
         v.stride[d] = e.int64(v.stride[d]);
         break;
       default:
-        v.stride[d] = std::max<int64_t>(v.stride[d] - 1 - static_cast<int64_t>(e.raw % 2), 0);
+        v.stride[d] = clamped(std::max<__int128>(static_cast<__int128>(v.stride[d]) - 1 - (e.raw % 2), 0));
         if (d < v.rank && v.shape[d] > 1 && v.stride[d] != before.stride[d]) invalidate();
         break;
     }
@@ -647,8 +655,7 @@ struct Engine::State {
         if (v.shape[d] <= 1) continue;
         if (d == v.rank - 1 && v.stride[d] != 1) return slot.name + "'s last dimension is not contiguous";
         if (v.stride[d] < span_after) return slot.name + "'s strides overlap";
-        span_after = static_cast<int64_t>(
-            std::min<__int128>(static_cast<__int128>(v.stride[d]) * v.shape[d], std::numeric_limits<int64_t>::max()));
+        span_after = clamped(static_cast<__int128>(v.stride[d]) * v.shape[d]);
       }
       if (!empty && elem > 0 && footprint(v).bytes >= kUnbacked) return slot.name + " reaches past 2^63 bytes";
     }
