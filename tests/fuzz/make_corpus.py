@@ -115,6 +115,9 @@ def value_seeds():
     seeds["regression-dispatch-int64-min-id"] = case(2, (4, 0, 0, 0, 0, 0, 0, 1), edit(0, BOUNDARY_VALUES, 0, 1))
     # subsample_rows with num_groups = INT64_MAX - 1 (its second scalar): num_groups * group_size wrapped.
     seeds["regression-subsample_rows-num-groups-overflow"] = case(16, (), boundary(1 + SPECIALS + 1, 0, "int64_max-1"))
+    # subsample_rows of one group (its second scalar) of 2^31 - 1 neurons (its third): the draw once took 16 GiB.
+    seeds["regression-subsample_rows-huge-group"] = case(16, (), edit(1 + SPECIALS + 1, 0, 0, 1),
+                                                         boundary(1 + SPECIALS + 2, 0, "int32_max"))
     seeds["regression-db2_ds-without-dscores"] = case(7)
     return seeds
 
