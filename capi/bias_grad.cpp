@@ -15,6 +15,10 @@ void resolve_bias_grad(const moekit_handle& handle, moekit_bias_grad_desc_t& d) 
   require_positive("width", d.width);
   require_non_negative("max_tokens", d.max_tokens);
   require_int32_count("max_tokens", d.max_tokens, "max_tokens");
+  require_tensor_size("offsets", {{"experts", d.experts}});
+  require_tensor_size("the grouped rows", {{"max_rows", d.max_rows}, {"width", d.width}});
+  require_tensor_size("the bias gradient", {{"experts", d.experts}, {"width", d.width}});
+  require_tensor_size("dout", {{"max_tokens", d.max_tokens}, {"width", d.width}});
   require_float_dtype(handle, "dtype", d.dtype);
   d.out_dtype = resolve_out_dtype("out_dtype", d.out_dtype, d.dtype);
 }

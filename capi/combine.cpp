@@ -11,6 +11,8 @@ namespace {
 void resolve_combine(const moekit_handle& handle, moekit_combine_desc_t& d) {
   d.max_pairs = resolve_max_pairs(d.max_tokens, d.top_k, d.max_pairs);
   require_positive("hidden", d.hidden);
+  require_tensor_size("grouped", {{"max_pairs", d.max_pairs}, {"hidden", d.hidden}});
+  require_tensor_size("out", {{"max_tokens", d.max_tokens}, {"hidden", d.hidden}});
   require_float_dtype(handle, "dtype", d.dtype);
 }
 

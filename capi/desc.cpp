@@ -1,5 +1,6 @@
 #include "capi/desc.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -44,6 +45,23 @@ void require_int32_count(const char* name, int64_t count, const char* what) {
   if (count > std::numeric_limits<int32_t>::max())
     throw_invalid(std::string(name) + ": " + what + " = " + std::to_string(count) +
                   " exceeds the int32 range of the index tensors");
+}
+
+void require_tensor_size(const char* tensor, std::initializer_list<TensorDim> dims) {
+  // NOTE: 128-bit products, so that no pair of fields can wrap around the check.
+  __int128 elements = 1;
+  const TensorDim* largest = dims.begin();
+  std::string shape;
+  for (const TensorDim& d : dims) {
+    const __int128 extent = static_cast<__int128>(d.extent) * d.times;
+    if (extent > static_cast<__int128>(largest->extent) * largest->times) largest = &d;
+    elements = std::min<__int128>(elements * extent, static_cast<__int128>(kMaxTensorElements) + 1);
+    if (!shape.empty()) shape += ", ";
+    shape += (d.times == 1 ? "" : std::to_string(d.times) + " * ") + std::to_string(d.extent);
+  }
+  if (elements > kMaxTensorElements)
+    throw_invalid(std::string(largest->field) + ": " + tensor + " [" + shape +
+                  "] would have more than 2^56 elements, the most one tensor may have");
 }
 
 void require_top_k(const char* name, int64_t top_k, int64_t experts) {

@@ -25,6 +25,21 @@ void require_one_of(const char* name, int32_t value, std::initializer_list<int32
 // Rows of a tensor indexed by int32 ids (tokens, pairs, neurons) must stay within the int32 range.
 void require_int32_count(const char* name, int64_t count, const char* what);
 
+// One dimension of a tensor at the plan's bounds: `times` * the descriptor field `field` = `extent` (2I for a gated
+// h: {"intermediate", I, 2}).
+struct TensorDim {
+  const char* field;
+  int64_t extent;
+  int64_t times = 1;
+};
+// The most elements one tensor of a plan may have at the plan's bounds: more than any memory holds, few enough that
+// every size derived from it (float64 copies, the sections of a saved buffer and their sum, E + 1 offsets) stays
+// within 64 bits.
+constexpr int64_t kMaxTensorElements = int64_t{1} << 56;
+// The tensor `tensor` [dims] (the fields positive): at most kMaxTensorElements elements, else INVALID_VALUE naming the
+// field of its largest dimension.
+void require_tensor_size(const char* tensor, std::initializer_list<TensorDim> dims);
+
 // top_k of a router or an MoE layer: 1 <= K <= min(experts, 32).
 void require_top_k(const char* name, int64_t top_k, int64_t experts);
 

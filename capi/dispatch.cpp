@@ -11,6 +11,7 @@ namespace {
 void resolve_dispatch(const moekit_handle&, moekit_dispatch_desc_t& d) {
   d.max_pairs = resolve_max_pairs(d.max_tokens, d.top_k, d.max_pairs);
   require_positive("experts", d.experts);
+  require_tensor_size("expert_offsets", {{"experts", d.experts}});
   require_non_negative("expert_begin", d.expert_begin);
 }
 

@@ -22,6 +22,11 @@ void resolve_expert_fields(const moekit_handle& handle, moekit_moe_desc_t& d) {
   require_positive("intermediate", d.intermediate);
   require_positive("experts", d.experts);
   require_activation_options(d.activation, d.glu_layout, d.glu_limit);
+  const TensorDim h_width{"intermediate", d.intermediate, is_gated_activation(d.activation) ? 2 : 1};
+  require_tensor_size("x", {{"max_tokens", d.max_tokens}, {"hidden", d.hidden}});
+  require_tensor_size("w1", {{"experts", d.experts}, h_width, {"hidden", d.hidden}});
+  // The saved h: [rows, h width] (the MoE layer adds its top-k, below).
+  require_tensor_size("h", {{"max_tokens", d.max_tokens}, h_width});
   require_flag("has_b1", d.has_b1);
   require_flag("has_b2", d.has_b2);
   require_flag("inference", d.inference);

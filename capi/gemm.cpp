@@ -35,6 +35,18 @@ void resolve_gemm(const moekit_handle& handle, moekit_gemm_desc_t& d) {
   }
   require_positive("n", d.n);
   require_positive("k", d.k);
+  require_tensor_size("offsets", {{"groups", d.groups}});
+  const bool gather_a = d.gather == MOEKIT_GEMM_GATHER_A, gather_b = d.gather == MOEKIT_GEMM_GATHER_B;
+  require_tensor_size("a", {gather_a ? TensorDim{"gather_rows", d.gather_rows} : TensorDim{"max_rows", d.max_rows},
+                            {"k", d.k}});
+  if (d.mode == MOEKIT_GEMM_VARLEN_K) {
+    require_tensor_size("b", {gather_b ? TensorDim{"gather_rows", d.gather_rows} : TensorDim{"max_rows", d.max_rows},
+                              {"n", d.n}});
+    require_tensor_size("c", {{"groups", d.groups}, {"k", d.k}, {"n", d.n}});
+  } else {
+    require_tensor_size("b", {{"groups", d.groups}, {"n", d.n}, {"k", d.k}});
+    require_tensor_size("c", {{"max_rows", d.max_rows}, {"n", d.n}});
+  }
   require_float_dtype(handle, "dtype", d.dtype);
   d.out_dtype = resolve_out_dtype("out_dtype", d.out_dtype, d.dtype);
   if (has_gated_epilogue(d)) {

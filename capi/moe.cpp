@@ -17,6 +17,12 @@ void resolve_moe(const moekit_handle& handle, moekit_moe_desc_t& d) {
                    "expert_begin + experts <= router_experts");
   require_top_k("top_k", d.top_k, d.router_experts);
   require_int32_count("top_k", d.max_tokens * d.top_k, "max_tokens * top_k pairs");
+  require_tensor_size("w_router", {{"router_experts", d.router_experts}, {"hidden", d.hidden}});
+  // Saved for the backward: the router's logits [T, router_experts] and h [T*K, h width].
+  require_tensor_size("logits", {{"max_tokens", d.max_tokens}, {"router_experts", d.router_experts}});
+  require_tensor_size("h", {{"max_tokens", d.max_tokens},
+                            {"top_k", d.top_k},
+                            {"intermediate", d.intermediate, is_gated_activation(d.activation) ? 2 : 1}});
   require_router_kind("router", d.router);
   require_flag("renormalize", d.renormalize);
   require_finite("router_scale", d.router_scale);

@@ -12,6 +12,7 @@ void resolve_router(const moekit_handle& handle, moekit_router_desc_t& d) {
   require_positive("max_tokens", d.max_tokens);
   require_positive("experts", d.experts);
   require_top_k("top_k", d.top_k, d.experts);
+  require_tensor_size("logits", {{"max_tokens", d.max_tokens}, {"experts", d.experts}});
   require_router_kind("kind", d.kind);
   require_flag("renormalize", d.renormalize);
   require_finite("scale", d.scale);

@@ -24,6 +24,8 @@ void resolve_sparse_ffn(const moekit_handle& handle, moekit_sparse_ffn_desc_t& d
     throw_invalid("d_ff: " + std::to_string(d.d_ff) +
                   " is not a multiple of group_size = " + std::to_string(d.group_size));
   require_in_range("top_groups", d.top_groups, 1, d.d_ff / d.group_size, "1 <= top_groups <= d_ff / group_size");
+  require_tensor_size("x", {{"max_tokens", d.max_tokens}, {"d_model", d.d_model}});
+  require_tensor_size("w_gate", {{"d_ff", d.d_ff}, {"d_model", d.d_model}});
   require_in_range("subsample", d.subsample, 0, d.group_size, "0 <= subsample <= group_size; 0 = all rows");
   require_float_dtype(handle, "dtype", d.dtype);
   require_flag("inference", d.inference);
@@ -177,7 +179,10 @@ MOEKIT_API moekit_status_t moekit_subsample_rows(uint64_t seed, int64_t num_grou
     require_non_negative("num_groups", num_groups);
     require_positive("group_size", group_size);
     require_int32_count("group_size", group_size, "group_size");
-    require_int32_count("num_groups", num_groups * group_size, "num_groups * group_size neuron ids");
+    // NOTE: divided rather than multiplied, so that a huge num_groups cannot wrap around the check.
+    if (num_groups > std::numeric_limits<int32_t>::max() / group_size)
+      moekit::throw_invalid("num_groups: " + std::to_string(num_groups) + " groups of " + std::to_string(group_size) +
+                            " neuron ids exceed the int32 range of the ids");
     require_in_range("rows_per_group", rows_per_group, 1, group_size, "1 <= rows_per_group <= group_size");
     if (out == nullptr && num_groups > 0) moekit::throw_invalid("out: is NULL");
     moekit::subsample_rows(seed, num_groups, group_size, rows_per_group, out);

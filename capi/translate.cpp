@@ -3,6 +3,7 @@
 #include "capi/translate.h"
 
 #include <cstring>
+#include <limits>
 
 namespace moekit {
 inline namespace v0 {
@@ -20,6 +21,12 @@ moekit_status_t record_failure(moekit_status_t status, const char* message) noex
     last_error.clear();
   }
   return status;
+}
+
+int32_t enum_value(const void* argument) noexcept {
+  int32_t value;
+  std::memcpy(&value, argument, sizeof(value));
+  return value;
 }
 
 size_t copy_text(const std::string& text, char* buf, size_t cap) noexcept {
@@ -40,7 +47,7 @@ extern "C" {
 MOEKIT_API int32_t moekit_get_version(void) { return MOEKIT_VERSION_NUMBER; }
 
 MOEKIT_API const char* moekit_status_string(moekit_status_t status) {
-  switch (status) {
+  switch (moekit::capi::enum_value(&status)) {
     case MOEKIT_SUCCESS: return "MOEKIT_SUCCESS";
     case MOEKIT_STATUS_INVALID_VALUE: return "MOEKIT_STATUS_INVALID_VALUE";
     case MOEKIT_STATUS_NOT_SUPPORTED: return "MOEKIT_STATUS_NOT_SUPPORTED";
@@ -60,17 +67,20 @@ MOEKIT_API moekit_tensor_t moekit_tensor_make(void* data, moekit_dtype_t dtype, 
                                               moekit_device_t device) {
   moekit_tensor_t t{};
   t.data = data;
-  t.dtype = dtype;
+  t.dtype = moekit::capi::enum_value(&dtype);
   t.rank = rank;
   t.device = device;
   // NOTE: "never fails": a rank outside 0..MOEKIT_MAX_RANK is kept as given (validation reports it later) and
   // only the dimensions that fit are filled.
   int32_t dims = rank < 0 ? 0 : (rank > MOEKIT_MAX_RANK ? MOEKIT_MAX_RANK : rank);
+  // Saturated at INT64_MAX where the shape's product does not fit: validation then rejects the strides.
+  const int64_t max = std::numeric_limits<int64_t>::max();
   int64_t stride = 1;
   for (int32_t i = dims - 1; i >= 0; --i) {
     t.shape[i] = shape != nullptr ? shape[i] : 0;
     t.stride[i] = stride;
-    stride *= t.shape[i] > 1 ? t.shape[i] : 1;
+    const int64_t extent = t.shape[i] > 1 ? t.shape[i] : 1;
+    stride = stride > max / extent ? max : stride * extent;
   }
   return t;
 }

@@ -2,6 +2,7 @@
 // which turns any exception into a status and this thread's last-error message, so none crosses the ABI.
 #pragma once
 
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -15,6 +16,10 @@ namespace capi {
 
 // Stores `message` as this thread's last error and returns `status`. Never throws.
 moekit_status_t record_failure(moekit_status_t status, const char* message) noexcept;
+
+// The value of an enum argument of the ABI (4 bytes, as every moekit_*_t enum is). A C caller may pass any int as a C
+// enum, and a C++ load of an enum-typed value outside the enumerators' range is undefined, so only its bytes are read.
+int32_t enum_value(const void* argument) noexcept;
 
 // The ABI's text copy-out (moekit_get_last_error, moekit_plan_describe): `text` into buf, NUL-terminated and
 // truncated to cap - 1 characters (nothing written when buf is NULL or cap is 0); returns text's full length.

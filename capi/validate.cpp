@@ -93,12 +93,12 @@ int64_t leading_extent(const char* name, const moekit_tensor_t& t, const char* s
   if (t.rank < 1 || t.rank > MOEKIT_MAX_RANK)
     throw_invalid(prefix + "expected a tensor of rank >= 1 whose first dimension gives " + symbol + ", got rank " +
                   std::to_string(t.rank));
-  int64_t value = t.shape[0] - minus;
-  if (value >= 0 && value <= bound) return value;
   std::string what =
       minus ? symbol + std::string(" = shape[0] - ") + std::to_string(minus) : symbol + std::string(" = shape[0]");
-  if (value < 0)
-    throw_invalid(prefix + what + " = " + std::to_string(value) + " is negative (shape " + shape_text(t) + ")");
+  // NOTE: compared before subtracting, so that a shape[0] near INT64_MIN cannot wrap around.
+  if (t.shape[0] < minus) throw_invalid(prefix + what + " is negative (shape " + shape_text(t) + ")");
+  int64_t value = t.shape[0] - minus;
+  if (value <= bound) return value;
   throw_invalid(prefix + what + " = " + std::to_string(value) + " exceeds the plan's " + bound_name + " = " +
                 std::to_string(bound));
 }
@@ -178,6 +178,7 @@ bool TensorCheck::check() const {
   else
     check_shape();
   check_strides();
+  check_extent();
   check_alignment();
   check_device();
   check_reserved();
@@ -244,6 +245,24 @@ void TensorCheck::check_strides() const {
            "] must be >= " + std::to_string(span_after));
     span_after = saturating_product(t_.stride[i], t_.shape[i]);
   }
+}
+
+void TensorCheck::check_extent() const {
+  // The bytes from data to the end of the furthest element must fit in an int64: no memory holds more, and the
+  // backends address elements with int64 offsets, which strides that large would overflow.
+  const int64_t max = std::numeric_limits<int64_t>::max();
+  int64_t last = 0;
+  for (int32_t i = 0; i < t_.rank; ++i) {
+    if (t_.shape[i] == 0) return;
+    if (t_.shape[i] > 1) {
+      const int64_t step = saturating_product(t_.shape[i] - 1, t_.stride[i]);
+      last = step > max - last ? max : last + step;
+    }
+  }
+  const int64_t elem = static_cast<int64_t>(dtype_bytes(t_.dtype));
+  if (last > max / elem - 1)
+    fail("strides " + stride_text(t_) + " with shape " + shape_text(t_) +
+         " reach past 2^63 bytes from data, more than any memory holds");
 }
 
 void TensorCheck::check_alignment() const {

@@ -70,6 +70,7 @@ class TensorCheck {
   void check_shape() const;
   void check_flat() const;
   void check_strides() const;
+  void check_extent() const;
   void check_alignment() const;
   void check_device() const;
   void check_reserved() const;

@@ -1,9 +1,7 @@
 #include "src/subsample_rows.h"
 
-#include <numeric>
 #include <string>
-#include <utility>
-#include <vector>
+#include <unordered_map>
 
 #include "cuda/common/status_error.h"
 
@@ -30,19 +28,27 @@ void subsample_rows(uint64_t seed, int64_t num_groups, int64_t group_size, int64
     throw_invalid("rows_per_group: must be in [1, group_size = " + std::to_string(group_size) + "], got " +
                   std::to_string(rows_per_group));
   if (out == nullptr && num_groups > 0) throw_invalid("out: must not be NULL");
-  if (num_groups * group_size > INT32_MAX)
-    throw_invalid("num_groups: num_groups * group_size = " + std::to_string(num_groups * group_size) +
+  if (group_size > INT32_MAX || num_groups > INT32_MAX / group_size)
+    throw_invalid("num_groups: " + std::to_string(num_groups) + " groups of " + std::to_string(group_size) +
                   " neuron ids do not fit int32");
   uint64_t state = seed;
-  std::vector<int64_t> perm(static_cast<size_t>(group_size));
+  // perm as the identity plus the entries the swaps moved (at most 2 * rows_per_group): a group costs
+  // O(rows_per_group), where a whole [group_size] array cost O(group_size) time and memory (16 GiB for 2^31 - 1).
+  std::unordered_map<int64_t, int64_t> moved;
+  const auto perm = [&moved](int64_t i) {
+    auto it = moved.find(i);
+    return it == moved.end() ? i : it->second;
+  };
   for (int64_t g = 0; g < num_groups; ++g) {
-    std::iota(perm.begin(), perm.end(), int64_t{0});
+    moved.clear();
     // A partial Fisher-Yates shuffle: the first rows_per_group entries become a uniform draw without repeats.
     for (int64_t j = 0; j < rows_per_group; ++j) {
       uint64_t z = splitmix64_next(state);
       int64_t r = j + static_cast<int64_t>(z % static_cast<uint64_t>(group_size - j));
-      std::swap(perm[static_cast<size_t>(j)], perm[static_cast<size_t>(r)]);
-      out[g * rows_per_group + j] = static_cast<int32_t>(g * group_size + perm[static_cast<size_t>(j)]);
+      const int64_t at_j = perm(j), at_r = perm(r);
+      moved[j] = at_r;
+      moved[r] = at_j;
+      out[g * rows_per_group + j] = static_cast<int32_t>(g * group_size + at_r);
     }
   }
 }

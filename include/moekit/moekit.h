@@ -10,7 +10,8 @@
  *    passed as an output was written, and moekit_get_last_error() holds a message naming the argument.
  *  - Tensors are borrowed views (moekit_tensor_t). Shapes and strides count elements. A CUDA handle reads
  *    and writes device memory, a reference handle host memory; the view's `device` must match the handle.
- *  - Plan, then run: a plan holds the host decisions for one problem shape; the run functions only enqueue
+ *  - Plan, then run: a plan holds the host decisions for one problem shape (a descriptor whose tensors would
+ *    have more than 2^56 elements at the plan's bounds is INVALID_VALUE); the run functions only enqueue
  *    work on the caller's stream (a cudaStream_t passed as void*; NULL = the legacy default stream; ignored
  *    by the reference backend, which computes synchronously). No run function synchronises the host, and
  *    none allocates device memory: scratch memory is the caller's workspace, whose size the plan reports.
@@ -117,10 +118,11 @@ typedef struct moekit_device {
  * the *_init functions leave it); a tensor with a zero extent is present even with data == NULL (as PyTorch hands
  * out empty tensors). Strides count elements; the last dimension must be contiguous (stride 1) unless a function
  * says otherwise; the other dimensions need not be contiguous but must not overlap (stride[i] >= stride[i+1] *
- * shape[i+1]; dimensions of extent 1 are exempt). Data must be aligned to its element size (16 bytes on a CUDA
- * handle for bf16/fp16/fp32 matrices). A tensor "read flat" may have any rank with the stated element count, and
- * must then be contiguous. Tensors of scores and score gradients documented as fp32 may also be fp64 in an fp64
- * plan (reference backend). */
+ * shape[i+1]; dimensions of extent 1 are exempt), and the furthest element must end less than 2^63 bytes past
+ * data (no memory holds more). Data must be aligned to its element size (16 bytes on a CUDA handle for
+ * bf16/fp16/fp32 matrices). A tensor "read flat" may have any rank with the stated element count, and must then be
+ * contiguous. Tensors of scores and score gradients documented as fp32 may also be fp64 in an fp64 plan (reference
+ * backend). */
 typedef struct moekit_tensor {
   void* data;
   int32_t dtype; /* moekit_dtype_t */

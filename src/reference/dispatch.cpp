@@ -17,9 +17,10 @@ namespace {
 // pair_token[p] is the token of pair p; expert_ids[p] its global expert id.
 Csr counting_sort(int64_t pairs, const std::vector<int64_t>& pair_token, int64_t experts, int64_t expert_begin,
                   const int64_t* expert_ids) {
+  // NOTE: id >= expert_begin >= 0 is checked before subtracting: an int64 id near INT64_MIN must not wrap around.
   auto local_expert = [&](int64_t p) {
-    int64_t e = expert_ids[p] - expert_begin;
-    return e >= 0 && e < experts ? e : int64_t{-1};
+    int64_t id = expert_ids[p];
+    return id >= expert_begin && id - expert_begin < experts ? id - expert_begin : int64_t{-1};
   };
   Csr csr;
   csr.expert_offsets.assign(static_cast<size_t>(experts + 1), 0);

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "src/reference/parallel.h"
 
@@ -147,9 +148,11 @@ struct Tile {
   int64_t i0, i_end, j0;
 };
 
+// NOTE: a and b are left uninitialised: packing writes every element the micro-kernel reads (padding included), and
+// zeroing 1.2 MB a call, with the page faults that come with it, was most of the time of a small product.
 struct PackBuffers {
-  std::vector<double> a = std::vector<double>(static_cast<size_t>(kMc * kKc));
-  std::vector<double> b = std::vector<double>(static_cast<size_t>(kNc * kKc));
+  std::unique_ptr<double[]> a{new double[static_cast<size_t>(kMc * kKc)]};
+  std::unique_ptr<double[]> b{new double[static_cast<size_t>(kNc * kKc)]};
   std::vector<int64_t> offsets = std::vector<int64_t>(static_cast<size_t>(std::max(kKc, kNc)));
 };
 
@@ -158,10 +161,10 @@ void multiply_packed(const MatmulTask& t, int64_t i0, int64_t mc, int64_t j0, in
                      const PackBuffers& buffers, MicroKernel kernel) {
   for (int64_t jr = 0; jr < nc; jr += kNr) {
     int64_t nr = std::min(kNr, nc - jr);
-    const double* b_panel = buffers.b.data() + (jr / kNr) * kc * kNr;
+    const double* b_panel = buffers.b.get() + (jr / kNr) * kc * kNr;
     for (int64_t ir = 0; ir < mc; ir += kMr) {
       int64_t mr = std::min(kMr, mc - ir);
-      const double* a_panel = buffers.a.data() + (ir / kMr) * kc * kMr;
+      const double* a_panel = buffers.a.get() + (ir / kMr) * kc * kMr;
       double* c = t.c + (i0 + ir) * t.ldc + j0 + jr;
       if (mr == kMr && nr == kNr) {
         kernel(kc, a_panel, b_panel, c, t.ldc, load_c);
@@ -187,10 +190,10 @@ void run_tile(const Tile& tile, PackBuffers& buffers, MicroKernel kernel) {
   for (int64_t p0 = 0; p0 < t.k; p0 += kKc) {
     int64_t kc = std::min(kKc, t.k - p0);
     bool load_c = t.accumulate || p0 > 0;
-    pack_b(t.b, p0, kc, tile.j0, nc, buffers.b.data(), buffers.offsets);
+    pack_b(t.b, p0, kc, tile.j0, nc, buffers.b.get(), buffers.offsets);
     for (int64_t i0 = tile.i0; i0 < tile.i_end; i0 += kMc) {
       int64_t mc = std::min(kMc, tile.i_end - i0);
-      pack_a(t.a, i0, mc, p0, kc, buffers.a.data(), buffers.offsets);
+      pack_a(t.a, i0, mc, p0, kc, buffers.a.get(), buffers.offsets);
       multiply_packed(t, i0, mc, tile.j0, nc, kc, load_c, buffers, kernel);
     }
   }

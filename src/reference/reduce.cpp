@@ -129,9 +129,11 @@ void ReferenceBackend::db2_ds(const moekit_plan& plan, const moekit_db2_ds_args_
   int64_t experts = plan.bias_grad.experts;
   int64_t tokens = args.dout.shape[0];
   int64_t hidden = row_width(args.dout);
-  int64_t pairs = numel(args.dscores);
+  // P twice: the grouped rows offsets index, and the pairs pair_idx indexes (scores, read flat; dscores is optional).
+  int64_t rows = args.gather_idx.shape[0];
+  int64_t pairs = numel(args.scores);
   std::vector<int64_t> offsets = read_indices(args.offsets);
-  check_offsets(offsets, pairs, "offsets");
+  check_offsets(offsets, rows, "offsets");
   int64_t valid = offsets.back();
   std::vector<int64_t> gather_idx = read_indices(args.gather_idx, valid);
   std::vector<int64_t> pair_idx = read_indices(args.pair_idx, valid);

@@ -2,7 +2,9 @@
 // last-error text, destroy(NULL), the *_init defaults, tensor views and the plan size queries.
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -316,6 +318,12 @@ TEST_CASE("tensor_make gives contiguous row-major strides and never fails", "[ca
   CHECK(scalar.rank == 0);
   moekit_tensor_t too_many = moekit_tensor_make(data, MOEKIT_DTYPE_FP32, 9, nullptr, cpu);
   CHECK(too_many.rank == 9);  // kept, so validation reports it
+
+  // A shape whose product does not fit int64 saturates the strides (validation then rejects them), never wraps.
+  int64_t huge[3] = {3, 5, int64_t{1} << 62};
+  moekit_tensor_t wide = moekit_tensor_make(data, MOEKIT_DTYPE_FP32, 3, huge, cpu);
+  CHECK((wide.stride[2] == 1 && wide.stride[1] == int64_t{1} << 62));
+  CHECK(wide.stride[0] == std::numeric_limits<int64_t>::max());
 }
 
 TEST_CASE("plan size queries: building blocks and inference layers save nothing, training layers do", "[capi]") {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <functional>
 #include <memory>
 #include <random>
@@ -680,6 +681,16 @@ const Mutation kMutations[] = {
     {"a misaligned pointer",
      [](const Slot&, moekit_tensor_t& t) { return t.data = static_cast<char*>(t.data) + 1, true; }},
     {"a CUDA device", [](const Slot&, moekit_tensor_t& t) { return t.device = {MOEKIT_DEVICE_CUDA, 0}, true; }},
+    // No memory holds such a view; before it was rejected, its element offsets overflowed int64 in the backend.
+    {"a stride reaching past 2^63 bytes",
+     [](const Slot&, moekit_tensor_t& t) {
+       if (t.rank < 2 || t.shape[0] < 2) return false;
+       t.stride[0] = std::numeric_limits<int64_t>::max();
+       return true;
+     }},
+    // The run-time extent of a [T+1] tensor is shape[0] - 1: it must not wrap around.
+    {"a first extent of INT64_MIN",
+     [](const Slot&, moekit_tensor_t& t) { return t.shape[0] = std::numeric_limits<int64_t>::min(), true; }},
     {"a nonzero reserved field", [](const Slot&, moekit_tensor_t& t) { return t.reserved[1] = 42, true; }},
 };
 
@@ -897,6 +908,19 @@ const std::vector<DescCase>& bad_descriptors() {
       {"out_dtype:",
        with<moekit_bias_grad_desc_t>(bias_grad_desc, [](moekit_bias_grad_desc_t& d) { d.out_dtype = MOEKIT_DTYPE_FP64; },
                                      moekit_bias_grad_plan_create)},
+      // Tensors of more than 2^56 elements at the plan's bounds: the sizes derived from them (2I, T * router_experts,
+      // the saved buffer, E + 1) would overflow int64, so the largest dimension's field is named instead.
+      {"intermediate:", with<M>(moe_desc, [](M& d) { d.intermediate = int64_t{1} << 62; }, moekit_moe_plan_create)},
+      {"intermediate:", with<M>(moe_desc, [](M& d) { d.intermediate = int64_t{1} << 61; }, moekit_experts_plan_create)},
+      {"router_experts:", with<M>(moe_desc, [](M& d) { d.router_experts = INT64_MAX - 1; }, moekit_moe_plan_create)},
+      {"hidden:", with<M>(moe_desc, [](M& d) { d.hidden = int64_t{1} << 52; }, moekit_moe_plan_create)},
+      {"groups:", with<G>(gated_gemm_desc, [](G& d) { d.groups = INT64_MAX; }, moekit_gemm_plan_create)},
+      {"experts:", with<moekit_dispatch_desc_t>(dispatch_desc, [](moekit_dispatch_desc_t& d) { d.experts = INT64_MAX; },
+                                                moekit_dispatch_plan_create)},
+      {"experts:", with<moekit_bias_grad_desc_t>(bias_grad_desc,
+                                                 [](moekit_bias_grad_desc_t& d) { d.experts = INT64_MAX; },
+                                                 moekit_bias_grad_plan_create)},
+      {"d_model:", with<S>(sparse_ffn_desc, [](S& d) { d.d_model = int64_t{1} << 60; }, moekit_sparse_ffn_plan_create)},
   };
   return cases;
 }

@@ -136,6 +136,24 @@ TEST_CASE("dispatch with fixed top-k is a stable sort of the valid pairs by loca
     }
 }
 
+TEST_CASE("dispatch drops int64 ids at the ends of the int64 range", "[dispatch]") {
+  // NOTE: an id near INT64_MIN minus expert_begin does not fit int64; the local expert must be found without it.
+  ReferenceHandle h;
+  const double ids[] = {-9223372036854775808.0, 4.0, -4611686018427387904.0, 9.0, 4611686018427387904.0, 5.0,
+                        -1.0,                   3.0, 9007199254740992.0,   6.0};
+  moekit_dispatch_desc_t desc;
+  moekit_dispatch_desc_init(&desc);
+  desc.max_tokens = 5;
+  desc.top_k = 2;
+  desc.experts = 4;
+  desc.expert_begin = 3;
+  HostTensor indices(MOEKIT_DTYPE_INT64, {5, 2});
+  for (int64_t p = 0; p < indices.numel(); ++p) indices.set(p, ids[p]);
+  std::vector<int64_t> pair_token(10);
+  for (size_t p = 0; p < pair_token.size(); ++p) pair_token[p] = static_cast<int64_t>(p) / 2;
+  run_and_check(h.handle, desc, indices, nullptr, pair_token, 10);
+}
+
 TEST_CASE("dispatch with general routing: any number of pairs per token, including none", "[dispatch]") {
   ReferenceHandle h;
   std::mt19937_64 rng(8086);

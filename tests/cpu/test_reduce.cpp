@@ -266,7 +266,8 @@ TEST_CASE("db2 and the dout . b2 part of ds", "[reduce]") {
           args.gather_idx = gather_idx.view();
           args.pair_idx = pair_idx.view();
           if (has_db2) args.db2 = db2.view();
-          args.dscores = ds.view();
+          // Without b2, dscores is optional: passed with beta = 1, absent with beta = 0.
+          if (has_b2 || beta != 0) args.dscores = ds.view();
           args.beta = beta;
           MOEKIT_REQUIRE_OK(moekit_db2_ds(plan.plan, &args, plan.ws(), plan.workspace.size(), nullptr));
 

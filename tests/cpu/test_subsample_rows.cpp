@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <vector>
 
@@ -44,7 +46,8 @@ TEST_CASE("subsample rows follow the documented steps", "[subsample_rows]") {
     uint64_t seed;
     int64_t groups, G, spg;
   };
-  const Case cases[] = {{0, 4, 16, 4}, {12345, 32, 64, 16}, {~0ull, 5, 128, 128}, {7, 1, 32, 1}, {0xDEADBEEF, 9, 16, 15}};
+  const Case cases[] = {{0, 4, 16, 4},          {12345, 32, 64, 16}, {~0ull, 5, 128, 128},
+                        {7, 1, 32, 1},          {0xDEADBEEF, 9, 16, 15}, {3, 2, 1 << 20, 5}};
   for (const Case& c : cases) {
     INFO("seed " << c.seed << ", groups " << c.groups << ", G " << c.G << ", spg " << c.spg);
     std::vector<int32_t> got = drawn_rows(c.seed, c.groups, c.G, c.spg);
@@ -72,5 +75,25 @@ TEST_CASE("subsample rows reject a row count outside 1..group_size", "[subsample
   std::vector<int32_t> out(64, -7);
   REQUIRE(moekit_subsample_rows(1, 2, 16, 0, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
   REQUIRE(moekit_subsample_rows(1, 2, 16, 17, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(std::all_of(out.begin(), out.end(), [](int32_t v) { return v == -7; }));
+}
+
+TEST_CASE("subsample rows of a huge group cost the rows drawn, not the group", "[subsample_rows]") {
+  // Drawing 4 of 2^31 - 1 neurons once took a [group_size] int64 permutation: 16 GiB, filled.
+  const int64_t G = std::numeric_limits<int32_t>::max();
+  std::vector<int32_t> got = drawn_rows(99, 1, G, 4);
+  REQUIRE(std::set<int32_t>(got.begin(), got.end()).size() == 4);
+  for (int32_t id : got) REQUIRE(id >= 0);
+}
+
+TEST_CASE("subsample rows reject more neuron ids than int32 holds, however many groups", "[subsample_rows]") {
+  std::vector<int32_t> out(64, -7);
+  // (2^63 - 2) * 16 wraps to -32 in 64 bits: the count must be checked without the product.
+  for (int64_t groups : {std::numeric_limits<int64_t>::max() - 1, std::numeric_limits<int64_t>::max() / 16 + 1,
+                         int64_t{1} << 27}) {
+    INFO("num_groups " << groups);
+    REQUIRE(moekit_subsample_rows(1, groups, 16, 1, out.data()) == MOEKIT_STATUS_INVALID_VALUE);
+    REQUIRE_THAT(moekit_test::last_error(), Catch::StartsWith("num_groups:"));
+  }
   REQUIRE(std::all_of(out.begin(), out.end(), [](int32_t v) { return v == -7; }));
 }
