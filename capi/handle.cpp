@@ -88,6 +88,9 @@ MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc
     require_non_negative("device_index", d.device_index);
     if ((d.flags & ~static_cast<uint32_t>(MOEKIT_HANDLE_VALIDATE)) != 0)
       moekit::throw_invalid("flags: unknown bits set (" + std::to_string(d.flags) + ")");
+    if ((d.flags & MOEKIT_HANDLE_VALIDATE) != 0)
+      moekit::throw_not_supported("flags: MOEKIT_HANDLE_VALIDATE is reserved; this version of moekit has no "
+                                  "validation mode (create the handle without it)");
     require_non_negative("num_threads", d.num_threads);
     auto made = std::make_unique<moekit_handle>();
     made->desc = d;

@@ -150,7 +150,8 @@ typedef enum moekit_backend {
 } moekit_backend_t;
 
 enum {
-  /* Device-side checks of indices, offsets and NaN inputs, reported as a status at the next call. */
+  /* Reserved for a validation mode (checks of indices, offsets and NaN values on the device); this version refuses
+     a handle that asks for it with MOEKIT_STATUS_NOT_SUPPORTED. */
   MOEKIT_HANDLE_VALIDATE = 1u << 0
 };
 
