@@ -30,6 +30,7 @@ void resolve_expert_fields(const moekit_handle& handle, moekit_moe_desc_t& d) {
   require_flag("has_b1", d.has_b1);
   require_flag("has_b2", d.has_b2);
   require_flag("inference", d.inference);
+  require_flag("backward_overwrites_saved", d.backward_overwrites_saved);
   require_float_dtype(handle, "dtype", d.dtype);
   d.weight_grad_dtype = resolve_out_dtype("weight_grad_dtype", d.weight_grad_dtype, d.dtype);
 }

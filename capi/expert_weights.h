@@ -17,7 +17,8 @@ struct ExpertExtents {
 ExpertExtents expert_extents(const moekit_moe_desc_t& d);
 
 // The fields moekit_experts_plan_create uses: max_tokens (the row bound), hidden, intermediate, experts,
-// activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype, weight_grad_dtype (resolved).
+// activation, glu_layout, glu_limit, has_b1, has_b2, inference, backward_overwrites_saved, dtype,
+// weight_grad_dtype (resolved).
 void resolve_expert_fields(const moekit_handle& handle, moekit_moe_desc_t& d);
 
 // w1 [E, 2I, H], w2 [E, H, I], and b1 [E, 2I] / b2 [E, H] when the args struct has them (nullptr otherwise):

@@ -150,6 +150,15 @@ void launch_wgmma_operands(const GroupedGemmProblem& p, const WgmmaOperandMaps& 
     launch_wgmma_tiles<Dtype, Tile, Operands::varlen_m_nk, false, Schedule>(p, maps, sm_count, paired, stream);
 }
 
+template <GemmTile Tile, GemmSchedule Schedule>
+void launch_wgmma_dtype(const GroupedGemmProblem& p, const WgmmaOperandMaps& maps, int sm_count, bool paired,
+                        cudaStream_t stream) {
+  if (p.dtype == MOEKIT_DTYPE_BF16)
+    launch_wgmma_operands<MOEKIT_DTYPE_BF16, Tile, Schedule>(p, maps, sm_count, paired, stream);
+  else
+    launch_wgmma_operands<MOEKIT_DTYPE_FP16, Tile, Schedule>(p, maps, sm_count, paired, stream);
+}
+
 void launch_wgmma(const GroupedGemmProblem& caller, const GemmKernel& kernel, cudaStream_t stream) {
   const GemmTileShape shape = gemm_tile_shape(kernel.tile);
   // A transposed varlen K runs C^T = B^T A; C's map stays the caller's.
@@ -170,30 +179,13 @@ void launch_wgmma(const GroupedGemmProblem& caller, const GemmKernel& kernel, cu
   if (maps.c_by_tma) maps.c = make_output_tensor_map(caller);
   if (maps.c_by_tma && p.epilogue == MOEKIT_EPILOGUE_GATED) maps.act = make_gated_act_tensor_map(p);
   const bool paired = kernel.cluster == 2;
-  const bool bf16 = p.dtype == MOEKIT_DTYPE_BF16;
   // Ping-pong: varlen M at 128x128 (choose_gemm_config).
-  if (kernel.schedule == GemmSchedule::pingpong) {
-    if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128, GemmSchedule::pingpong>(p, maps, kernel.ctas,
-                                                                                             paired, stream);
-    else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128, GemmSchedule::pingpong>(p, maps, kernel.ctas,
-                                                                                             paired, stream);
-  } else if (kernel.tile == GemmTile::m128_n256) {
-    if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n256, GemmSchedule::cooperative>(p, maps, kernel.ctas,
-                                                                                                paired, stream);
-    else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n256, GemmSchedule::cooperative>(p, maps, kernel.ctas,
-                                                                                                paired, stream);
-  } else {
-    if (bf16)
-      launch_wgmma_operands<MOEKIT_DTYPE_BF16, GemmTile::m128_n128, GemmSchedule::cooperative>(p, maps, kernel.ctas,
-                                                                                                paired, stream);
-    else
-      launch_wgmma_operands<MOEKIT_DTYPE_FP16, GemmTile::m128_n128, GemmSchedule::cooperative>(p, maps, kernel.ctas,
-                                                                                                paired, stream);
-  }
+  if (kernel.schedule == GemmSchedule::pingpong)
+    launch_wgmma_dtype<GemmTile::m128_n128, GemmSchedule::pingpong>(p, maps, kernel.ctas, paired, stream);
+  else if (kernel.tile == GemmTile::m128_n256)
+    launch_wgmma_dtype<GemmTile::m128_n256, GemmSchedule::cooperative>(p, maps, kernel.ctas, paired, stream);
+  else
+    launch_wgmma_dtype<GemmTile::m128_n128, GemmSchedule::cooperative>(p, maps, kernel.ctas, paired, stream);
 }
 
 }  // namespace

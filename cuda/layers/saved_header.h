@@ -16,6 +16,8 @@ struct SavedHeader {
 };
 
 constexpr uint64_t kSavedMagic = 0x3130'5645'5341'534dull;  // "MSAVE01" read little-endian, roughly
+// What a backward that overwrote the saved h (backward_overwrites_saved) leaves, so a second backward is refused.
+constexpr uint64_t kSavedSpentMagic = 0x3130'544e'4550'534dull;  // "MSPENT01", roughly
 // The payload starts here, so it keeps the buffer's 256-byte alignment.
 constexpr size_t kSavedHeaderBytes = 256;
 

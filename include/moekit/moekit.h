@@ -541,6 +541,9 @@ typedef struct moekit_moe_desc {
   int32_t dtype;        /* bf16 (default), fp16, fp32, fp64 (reference) */
   int32_t weight_grad_dtype; /* dWr, dW1, db1, dW2, db2: dtype or fp32; default MOEKIT_DTYPE_INVALID (from *_init)
                                 = dtype */
+  int32_t backward_overwrites_saved; /* 1: the backward may write dh over the saved h, so the workspace needs no
+                                        room for dh ([P, 2I]) and saved serves ONE backward call (it is spent after
+                                        it); default 0 */
 } moekit_moe_desc_t;
 
 MOEKIT_API moekit_status_t moekit_moe_desc_init(moekit_moe_desc_t* desc);
@@ -593,7 +596,10 @@ MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_m
                                               size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                               void* stream);
 /* Reads `saved` as the forward of THIS plan left it (another plan's buffer: INVALID_VALUE); never writes it, so
- * the input- and weight-gradient calls may come in either order. */
+ * the input- and weight-gradient calls may come in either order. A plan with backward_overwrites_saved = 1 is the
+ * exception: its backward writes dh over h and marks `saved` spent, so one backward call per forward computes
+ * every gradient wanted; a second backward of the same buffer is INVALID_VALUE on the reference backend and
+ * undefined on the CUDA backend (which never reads the header back: that would synchronise). */
 MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_moe_bwd_args_t* args,
                                                const void* saved, size_t saved_bytes, void* workspace,
                                                size_t workspace_bytes, void* stream);
@@ -605,7 +611,8 @@ MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_
 /* y_i = act(x_i W1[e]^T + b1[e]) W2[e]^T + b2[e] for each grouped row i of expert e; no router, no scores,
  * no combine: what an expert-parallel framework runs between its all-to-all dispatch and combine. Uses the
  * fields hidden, intermediate, experts, activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
- * weight_grad_dtype of moekit_moe_desc_t, and max_tokens as the row bound P. */
+ * weight_grad_dtype, backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t, and max_tokens
+ * as the row bound P. */
 MOEKIT_API moekit_status_t moekit_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
                                                       moekit_plan_t* plan);
 
@@ -651,8 +658,8 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
  * gradients, its weight is never read, and its d(topk_weights) is 0. A token whose pairs are all dropped gets
  * out_t = beta_out out_t: zeros with beta_out = 0, never garbage.
  * Uses the fields max_tokens (the bound of N), top_k (K >= 1, not bounded by experts), hidden, intermediate,
- * experts (the local experts E), activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype and
- * weight_grad_dtype of moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields
+ * experts (the local experts E), activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
+ * weight_grad_dtype and backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields
  * are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
  * serves every N in 0..max_tokens; all memory is the caller's.
  * Backends: the reference backend computes it; on a CUDA handle, plan creation returns MOEKIT_STATUS_NOT_SUPPORTED

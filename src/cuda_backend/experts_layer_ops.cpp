@@ -56,7 +56,7 @@ ExpertsBuffers experts_buffers(const moekit_plan& layer, void* workspace, void* 
     b.ones = ws.take<float>(P);
     b.ds = ws.take<float>(P);
     b.iota = ws.take<int32_t>(P);
-    b.dh = ws.take(static_cast<size_t>(P * hw) * es);
+    b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * hw) * es);
   }
   b.workspace_end = ws.end();
   return b;
@@ -102,7 +102,8 @@ void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts
   if (!input_grad && !weight_grad) return;
   const cudaStream_t stream = as_stream(stream_ptr);
   const ExpertMlpPlans& p = layer_parts<ExpertMlpPlans>(plan);
-  // NOTE: the backward only reads the saved h; the const_cast lets one carving serve both directions.
+  // NOTE: the backward only reads the saved h unless the plan lets dh overwrite it (take_dh); the const_cast lets
+  // one carving serve both directions.
   const ExpertsBuffers b = experts_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t P = args.x.shape[0], hw = p.up.gemm.n;
@@ -118,12 +119,14 @@ void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts
   gemm(p.dgated, dg, scratch, stream);
 
   if (input_grad) gemm(p.dxe, gemm_args(dg.c, args.w1, args.offsets, args.dx, args.beta_dx), scratch, stream);
-  if (!weight_grad) return;
-  gemm(p.dw2, gemm_args(args.dy, dg.act, args.offsets, args.dw2, args.beta_dw2), scratch, stream);
-  gemm(p.dw1, gemm_args(dg.c, args.x, args.offsets, args.dw1, args.beta_dw1), scratch, stream);
-  if (d.has_b1) db1(p.db1, row_sum_args(dg.c, args.offsets, args.db1, args.beta_db1), scratch, stream);
-  // db2 = the sum of each expert's dy rows (every score is 1): the db1 reduction over H columns.
-  if (d.has_b2) db1(p.db2, row_sum_args(args.dy, args.offsets, args.db2, args.beta_db2), scratch, stream);
+  if (weight_grad) {
+    gemm(p.dw2, gemm_args(args.dy, dg.act, args.offsets, args.dw2, args.beta_dw2), scratch, stream);
+    gemm(p.dw1, gemm_args(dg.c, args.x, args.offsets, args.dw1, args.beta_dw1), scratch, stream);
+    if (d.has_b1) db1(p.db1, row_sum_args(dg.c, args.offsets, args.db1, args.beta_db1), scratch, stream);
+    // db2 = the sum of each expert's dy rows (every score is 1): the db1 reduction over H columns.
+    if (d.has_b2) db1(p.db2, row_sum_args(args.dy, args.offsets, args.db2, args.beta_db2), scratch, stream);
+  }
+  spend_saved(saved, plan, P, stream);
 }
 
 }  // namespace cuda

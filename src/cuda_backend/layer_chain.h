@@ -15,6 +15,7 @@
 #include "cuda/common/activation_kind.h"
 #include "cuda/common/alignment.h"
 #include "cuda/common/cuda_check.h"
+#include "cuda/layers/layer_kernels.h"
 #include "moekit/moekit.h"
 #include "src/cuda_backend/cuda_backend.h"
 #include "src/cuda_backend/tensor_strides.h"
@@ -56,6 +57,20 @@ void set_layer_sizes(moekit_plan& plan, bool inference, Layout layout) {
   const auto backward = layout(true);
   plan.workspace_bytes = inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
   plan.saved_bytes = forward.saved_end;
+}
+
+// The backward's dh: over the saved h when the plan allows it (backward_overwrites_saved: the dgated epilogue
+// reads every h element before it writes the dh element at the same place, and nothing reads h after it), else a
+// workspace section.
+inline void* take_dh(Carve& ws, void* saved_h, const moekit_moe_desc_t& d, size_t bytes) {
+  return d.backward_overwrites_saved ? saved_h : ws.take(bytes);
+}
+
+// After a backward that wrote dh over h: the header says so (the reference backend refuses a spent buffer; this
+// backend never reads headers back, which would synchronise).
+inline void spend_saved(const void* saved, const moekit_plan& plan, int64_t rows, cudaStream_t stream) {
+  if (plan.moe.backward_overwrites_saved)
+    layers::write_saved_header(const_cast<void*>(saved), SavedHeader{kSavedSpentMagic, plan.id, rows, 0}, stream);
 }
 
 // A sub-plan of `layer` for one building block; its descriptor is filled by the caller.

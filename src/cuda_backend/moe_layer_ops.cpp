@@ -117,7 +117,7 @@ MoeBuffers moe_buffers(const moekit_plan& layer, void* workspace, void* saved, b
     b.y = ws.take(static_cast<size_t>(P * d.hidden) * es);
   } else {
     b.ds = ws.take<float>(P);
-    b.dh = ws.take(static_cast<size_t>(P * hw) * es);
+    b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * hw) * es);
     b.a_scaled = ws.take(static_cast<size_t>(P * d.intermediate) * es);
     b.dxe = ws.take(static_cast<size_t>(P * d.hidden) * es);
     b.dlogits = ws.take(static_cast<size_t>(T * d.router_experts) * es);
@@ -200,7 +200,8 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   if (!input_grad && !weight_grad) return;
   const cudaStream_t stream = as_stream(stream_ptr);
   const MoePlans& p = layer_parts<MoePlans>(plan);
-  // NOTE: the backward only reads the saved sections; the const_cast lets one carving serve both directions.
+  // NOTE: the backward only reads the saved sections unless the plan lets dh overwrite h (take_dh); the const_cast
+  // lets one carving serve both directions.
   const MoeBuffers b = moe_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
   const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
@@ -278,6 +279,7 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
     run_dense_gemm(dev, router_dw, b.dlogits, args.x.data, args.dw_router.data, b.scratch, stream,
                    "MoE layer backward: router weight gradient");
   }
+  spend_saved(saved, plan, T, stream);
 }
 
 }  // namespace cuda

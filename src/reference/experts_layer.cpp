@@ -80,6 +80,7 @@ void ReferenceBackend::experts_backward(const moekit_plan& plan, const moekit_ex
 
   if (input_grad) write_accumulated(args.dx, dx, args.beta_dx, 0, rows);
   if (weight_grad) write_weight_gradients(d, args, g);
+  spend_saved(saved, d);
 }
 
 }  // namespace ref

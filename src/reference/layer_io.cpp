@@ -84,6 +84,9 @@ void write_saved_header(void* saved, uint64_t plan_id, int64_t tokens) {
 void check_saved_header(const void* saved, uint64_t plan_id, int64_t tokens) {
   if (saved == nullptr) throw_invalid("saved: is NULL; pass the buffer the forward of this plan filled");
   const SavedHeader& header = *static_cast<const SavedHeader*>(saved);
+  if (header.magic == kSavedSpentMagic)
+    throw_invalid("saved: already spent by a backward of a plan with backward_overwrites_saved = 1 (dh overwrote "
+                  "h); run the forward again, or create the plan with backward_overwrites_saved = 0");
   if (header.magic != kSavedMagic)
     throw_invalid("saved: not filled by a moekit forward (bad header); pass the buffer this plan's forward filled");
   if (header.plan_id != plan_id)
@@ -92,6 +95,10 @@ void check_saved_header(const void* saved, uint64_t plan_id, int64_t tokens) {
   if (header.tokens != tokens)
     throw_invalid("saved: the forward ran on " + std::to_string(header.tokens) + " tokens (rows), this call has " +
                   std::to_string(tokens));
+}
+
+void spend_saved(const void* saved, const moekit_moe_desc_t& desc) {
+  if (desc.backward_overwrites_saved) static_cast<SavedHeader*>(const_cast<void*>(saved))->magic = kSavedSpentMagic;
 }
 
 MoeSavedLayout moe_saved_layout(const moekit_moe_desc_t& desc, int64_t tokens) {

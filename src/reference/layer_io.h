@@ -47,8 +47,11 @@ class SavedLayout {
 
 // Writes the header naming the plan and the number of tokens (rows) of the forward.
 void write_saved_header(void* saved, uint64_t plan_id, int64_t tokens);
-// INVALID_VALUE ("saved: ...") unless the header names this plan and these tokens.
+// INVALID_VALUE ("saved: ...") unless the header names this plan and these tokens (and no backward spent it).
 void check_saved_header(const void* saved, uint64_t plan_id, int64_t tokens);
+// Marks the buffer spent when the plan's backward may overwrite it (backward_overwrites_saved): the CUDA backend's
+// backward leaves dh where h was, so the buffer serves one backward. The caller granted the write with the flag.
+void spend_saved(const void* saved, const moekit_moe_desc_t& desc);
 
 // Sections of the three layers' saved buffers for a forward of `tokens` tokens (rows); `total` is what the plan
 // reports at max_tokens.

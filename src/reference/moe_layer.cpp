@@ -134,6 +134,7 @@ void ReferenceBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bw
     write_accumulated(args.dw_router, dw_router, args.beta_dw_router);
     write_weight_gradients(d, args, g.weights);
   }
+  spend_saved(saved, d);
 }
 
 }  // namespace ref

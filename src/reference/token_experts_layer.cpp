@@ -65,6 +65,7 @@ void ReferenceBackend::token_experts_backward(const moekit_plan& plan, const moe
     if (present(args.dtopk_weights)) write_values(args.dtopk_weights, g.dweights);
   }
   if (weight_grad) write_weight_gradients(d, args, g.weights);
+  spend_saved(saved, d);
 }
 
 }  // namespace ref

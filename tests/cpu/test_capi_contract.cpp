@@ -869,6 +869,8 @@ const std::vector<DescCase>& bad_descriptors() {
       {"router:", with<M>(moe_desc, [](M& d) { d.router = 4; }, moekit_moe_plan_create)},
       {"has_b1:", with<M>(moe_desc, [](M& d) { d.has_b1 = 3; }, moekit_moe_plan_create)},
       {"inference:", with<M>(moe_desc, [](M& d) { d.inference = -1; }, moekit_moe_plan_create)},
+      {"backward_overwrites_saved:", with<M>(moe_desc, [](M& d) { d.backward_overwrites_saved = 2; },
+                                             moekit_moe_plan_create)},
       {"weight_grad_dtype:", with<M>(moe_desc, [](M& d) { d.weight_grad_dtype = MOEKIT_DTYPE_FP16; },
                                      moekit_moe_plan_create)},
       {"dtype:", with<M>(moe_desc, [](M& d) { d.dtype = MOEKIT_DTYPE_FP8_E4M3; }, moekit_moe_plan_create)},

@@ -30,6 +30,7 @@ struct Config {
   int64_t tokens = 13, hidden = 24, inter = 10, router_experts = 6, experts = 6, expert_begin = 0, top_k = 2;
   moekit_dtype_t dtype = MOEKIT_DTYPE_BF16;
   double beta_out = 0;
+  bool backward_overwrites_saved = false;
 
   bool gated() const { return activation < MOEKIT_ACT_GELU; }
   int64_t hw() const { return gated() ? 2 * inter : inter; }
@@ -70,6 +71,7 @@ struct Layer {
     d.has_b2 = c.biases;
     d.inference = inference;
     d.dtype = c.dtype;
+    d.backward_overwrites_saved = c.backward_overwrites_saved;
     MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle, &d, &plan));
     size_t bytes = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &bytes));
@@ -438,6 +440,33 @@ TEST_CASE("moe backward rejects a saved buffer from another plan or another toke
   REQUIRE(moekit_test::last_error().rfind("saved", 0) == 0);
   second.plan = own;
   MOEKIT_REQUIRE_OK(second.backward(second.saved.data(), second.saved.size()));
+}
+
+TEST_CASE("moe backward_overwrites_saved: the same bits, then the saved buffer is spent", "[moe]") {
+  ReferenceHandle handle;
+  Config c;
+  std::mt19937_64 rng_plain(207), rng_spent(207);
+  Layer plain(handle.handle, c, rng_plain);
+  c.backward_overwrites_saved = true;
+  Layer spent(handle.handle, c, rng_spent);
+  for (Layer* layer : {&plain, &spent}) {
+    MOEKIT_REQUIRE_OK(layer->forward());
+    MOEKIT_REQUIRE_OK(layer->backward(layer->saved.data(), layer->saved.size()));
+  }
+  for (auto [a, b] : {std::pair{&plain.dx, &spent.dx}, {&plain.dwr, &spent.dwr}, {&plain.dw1, &spent.dw1},
+                      {&plain.db1, &spent.db1}, {&plain.dw2, &spent.dw2}, {&plain.db2, &spent.db2}})
+    REQUIRE(a->values() == b->values());
+
+  // The plain plan's buffer serves any number of backward calls; the other's only one.
+  MOEKIT_REQUIRE_OK(plain.backward(plain.saved.data(), plain.saved.size()));
+  spent.dx.poison();
+  REQUIRE(spent.backward(spent.saved.data(), spent.saved.size()) == MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(moekit_test::last_error().rfind("saved: already spent", 0) == 0);
+  REQUIRE(std::isnan(spent.dx.get(0)));
+  // A new forward fills it again.
+  MOEKIT_REQUIRE_OK(spent.forward());
+  MOEKIT_REQUIRE_OK(spent.backward(spent.saved.data(), spent.saved.size()));
+  REQUIRE(plain.dx.values() == spent.dx.values());
 }
 
 TEST_CASE("moe forward and backward are bitwise identical with 1, 2 and 3 reference threads", "[moe]") {

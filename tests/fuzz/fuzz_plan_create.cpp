@@ -159,7 +159,8 @@ std::vector<Field> fields_of(int kind, Descriptors& d) {
               field("has_b2", m.has_b2),
               field("inference", m.inference),
               field("dtype", m.dtype),
-              field("weight_grad_dtype", m.weight_grad_dtype)};
+              field("weight_grad_dtype", m.weight_grad_dtype),
+              field("backward_overwrites_saved", m.backward_overwrites_saved)};
     }
   }
 }

@@ -43,7 +43,7 @@ inline void require_bitwise_same(const std::vector<HostTensor>& a, const std::ve
 }
 
 template <class Layer>
-void require_graph_replays_like_stream_calls(Layer& layer, std::mt19937_64& rng) {
+void require_graph_replays_like_stream_calls(Layer& layer, std::mt19937_64& rng, int replays = 3) {
   cudaStream_t stream = nullptr;
   CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Plan and algorithm choices are made on the first call; capture the second.
@@ -57,7 +57,7 @@ void require_graph_replays_like_stream_calls(Layer& layer, std::mt19937_64& rng)
   CUDA_REQUIRE(cudaGraphInstantiate(&exec, graph, 0));
 
   std::vector<HostTensor> previous = layer.results();
-  for (int replay = 0; replay < 3; ++replay) {
+  for (int replay = 0; replay < replays; ++replay) {
     INFO("replay " << replay);
     layer.new_input(rng);
     CUDA_REQUIRE(cudaGraphLaunch(exec, stream));

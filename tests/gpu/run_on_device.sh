@@ -3,7 +3,8 @@
 # racecheck and initcheck, and the kernel timing programs.
 #   tests/gpu/run_on_device.sh BIN_DIR [tests|sanitize|timing|all] [SANITIZE_SPEC]
 # SANITIZE_SPEC is the Catch2 test spec the sanitizers run: "[sanitize]" (default, the reduced set of small cases
-# of every kernel family) or "~[large]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes).
+# of every kernel family) or "~[large]~[load]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes
+# and the minute-long load cases).
 # SANITIZE_TIMEOUT (seconds per executable and tool, default 240) bounds each sanitizer run; SANITIZE_TOOLS (default
 # "memcheck racecheck initcheck") and PROGRAMS (a glob, default "moekit_gpu_test_*") narrow a run.
 # Output folder: $OUT (default /tmp/moekit-device-out): summary.txt, device.txt and every log packed into logs.tgz

@@ -39,6 +39,7 @@ struct Config {
   bool inference = false;       // forward only, no saved buffer
   bool split_backward = false;  // the input gradient and the weight gradients in two backward calls
   bool accumulate = false;      // every gradient's beta = 1 over random old values (instead of poison)
+  bool overwrite_saved = false; // backward_overwrites_saved: dh written over the saved h
   moekit_dtype_t weight_grad_dtype = MOEKIT_DTYPE_INVALID;  // INVALID: the storage dtype
 
   moekit_dtype_t wg_dtype() const { return weight_grad_dtype == MOEKIT_DTYPE_INVALID ? dtype : weight_grad_dtype; }
@@ -51,8 +52,8 @@ struct Config {
       << " biases " << biases << " T " << tokens << " H " << hidden << " I " << inter << " E " << experts << "/"
       << router_experts << " e0 " << expert_begin << " K " << top_k << " dtype " << dtype << " beta_out "
       << beta_out << (one_expert_takes_all ? " one expert takes all" : "") << (inference ? " inference" : "")
-      << (split_backward ? " split backward" : "") << (accumulate ? " accumulate" : "") << " weight grads "
-      << wg_dtype();
+      << (split_backward ? " split backward" : "") << (accumulate ? " accumulate" : "")
+      << (overwrite_saved ? " overwrite saved" : "") << " weight grads " << wg_dtype();
     return s.str();
   }
 };
@@ -101,6 +102,7 @@ struct Inputs {
 
 struct Outputs {
   HostTensor out, scores, indices, counts, dx, dwr, dw1, db1, dw2, db2;
+  size_t workspace_bytes = 0;
 };
 
 moekit_moe_desc_t layer_desc(const Config& c) {
@@ -123,6 +125,7 @@ moekit_moe_desc_t layer_desc(const Config& c) {
   d.dtype = c.dtype;
   d.inference = c.inference;
   d.weight_grad_dtype = c.weight_grad_dtype;
+  d.backward_overwrites_saved = c.overwrite_saved;
   return d;
 }
 
@@ -141,6 +144,7 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
 
   Outputs o;
+  o.workspace_bytes = workspace_bytes;
   o.out = c.beta_out != 0 ? in.out0 : HostTensor(c.dtype, {T, H});
   o.scores = HostTensor(MOEKIT_DTYPE_FP32, {T, K});
   o.indices = HostTensor(MOEKIT_DTYPE_INT64, {T, K});
@@ -480,6 +484,7 @@ namespace {
 
 struct ExpertsOutputs {
   HostTensor y, dx, dw1, db1, dw2, db2;
+  size_t workspace_bytes = 0;
 };
 
 // The experts-only layer on grouped rows: forward then backward on `handle`.
@@ -494,6 +499,7 @@ ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c,
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
   MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
   ExpertsOutputs o;
+  o.workspace_bytes = workspace_bytes;
   o.y = HostTensor(c.dtype, {rows, H});
   o.dx = HostTensor(c.dtype, {rows, H});
   o.dw1 = HostTensor(c.dtype, {E, c.hw(), H});
@@ -578,5 +584,45 @@ TEST_CASE("CUDA experts-only layer matches the reference on grouped rows", "[gpu
     require_close("dW2", gpu.dw2, ref.dw2, c.dtype, blocks_of(c.experts, c.hidden));
     require_close("db1", gpu.db1, ref.db1, c.dtype);
     require_close("db2", gpu.db2, ref.db2, c.dtype);
+  }
+}
+
+// dh over the saved h: the same bits as with dh in the workspace, whose dh section ([P, h width]) is gone. I = 136
+// leaves a partial tile in n; SWIGLU_OAI interleaved and RELU2 take the dgated epilogue's other layouts.
+TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a smaller workspace",
+          "[gpu][layer][moe][sanitize]") {
+  for (int32_t activation : {MOEKIT_ACT_SWIGLU, MOEKIT_ACT_SWIGLU_OAI, MOEKIT_ACT_RELU2}) {
+    Config c;
+    c.activation = activation;
+    c.glu_layout = activation == MOEKIT_ACT_SWIGLU_OAI ? MOEKIT_GLU_INTERLEAVED : MOEKIT_GLU_CONCAT;
+    c.tokens = 300;
+    c.hidden = 256;
+    c.inter = 136;
+    c.router_experts = c.experts = 16;
+    c.top_k = 4;
+    INFO(c.describe());
+    std::mt19937_64 rng(41);
+    Inputs in(c, rng);
+    Handles h;
+    const Outputs plain = run_moe(h.cuda, true, c, in);
+    c.overwrite_saved = true;
+    const Outputs over = run_moe(h.cuda, true, c, in);
+    require_same_bits(plain, over);
+    REQUIRE(over.dw2.bytes_equal(plain.dw2));
+    const size_t dh_bytes = static_cast<size_t>((c.tokens + 3) * c.top_k * c.hw()) * 2;
+    REQUIRE(plain.workspace_bytes - over.workspace_bytes == (dh_bytes + 255) / 256 * 256);
+
+    // The experts-only layer on the same rows, split evenly over the experts.
+    Config e = c;
+    e.overwrite_saved = false;
+    HostTensor offsets(MOEKIT_DTYPE_INT32, {e.experts + 1});
+    for (int64_t i = 0; i <= e.experts; ++i) offsets.set(i, static_cast<double>(i * e.tokens / e.experts));
+    const ExpertsOutputs plain_experts = run_experts(h.cuda, true, e, in, offsets, e.tokens);
+    e.overwrite_saved = true;
+    const ExpertsOutputs over_experts = run_experts(h.cuda, true, e, in, offsets, e.tokens);
+    for (HostTensor ExpertsOutputs::*t : {&ExpertsOutputs::y, &ExpertsOutputs::dx, &ExpertsOutputs::dw1,
+                                          &ExpertsOutputs::db1, &ExpertsOutputs::dw2, &ExpertsOutputs::db2})
+      REQUIRE((plain_experts.*t).bytes_equal(over_experts.*t));
+    REQUIRE(over_experts.workspace_bytes < plain_experts.workspace_bytes);
   }
 }

@@ -80,6 +80,7 @@ class MoeDesc(ctypes.Structure):
         ("inference", c_int32),
         ("dtype", c_int32),
         ("weight_grad_dtype", c_int32),
+        ("backward_overwrites_saved", c_int32),
     ]
 
 

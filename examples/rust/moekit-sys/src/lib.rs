@@ -406,6 +406,7 @@ pub struct moekit_moe_desc_t {
     pub inference: i32,
     pub dtype: i32,
     pub weight_grad_dtype: i32,
+    pub backward_overwrites_saved: i32,
 }
 
 #[repr(C)]
