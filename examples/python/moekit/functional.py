@@ -274,7 +274,9 @@ def _register_custom_ops(spec):
         options = spec.options(int_options, float_options)
         saved_bytes = spec.plan(tensors, options, inference=False).saved_bytes if training else 0
         extras = spec.extra_outputs(tensors, options)
-        extras = [extras[name] for name in spec.extras] + [x.new_empty(0)] * (_EXTRA_SLOTS - len(spec.extras))
+        # Distinct empty tensors, as the real implementation returns: one repeated would alias itself.
+        extras = [extras[name] for name in spec.extras] + [x.new_empty(0) for _ in
+                                                            range(_EXTRA_SLOTS - len(spec.extras))]
         return (torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8), *extras)
 
     @torch.library.custom_op("moekit::%s_backward" % spec.name, mutates_args=())
