@@ -32,8 +32,8 @@ _BLOCKS = (
 )
 
 # The experts' act_fn (transformers.activations.ACT2FN) by class name -> moekit's gated activation.
-_ACTIVATIONS = {"SiLU": "swiglu", "SiLUActivation": "swiglu", "PytorchGELUTanh": "geglu",
-                "GELUTanh": "geglu", "NewGELUActivation": "geglu", "ReLU": "reglu"}
+_ACTIVATIONS = {"SiLU": "swiglu", "SiLUActivation": "swiglu", "GELUTanh": "geglu", "NewGELUActivation": "geglu",
+                "ReLU": "reglu"}
 
 
 def _block_classes():
