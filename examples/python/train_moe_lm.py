@@ -117,11 +117,15 @@ def synchronize(device):
         torch.cuda.synchronize(device)
 
 
+def progress_due(step, steps):
+    """Whether the progress bar is drawn after this step: every step on a terminal, every tenth of the run
+    elsewhere (a drawing reads the loss, which waits for the GPU)."""
+    return sys.stdout.isatty() or step == steps or step % max(steps // 10, 1) == 0
+
+
 def progress(label, step, steps, loss, rate):
-    """A plain-text progress bar: redrawn in place on a terminal, a line per tenth of the run elsewhere."""
+    """A plain-text progress bar: redrawn in place on a terminal, a new line elsewhere."""
     interactive = sys.stdout.isatty()
-    if not interactive and step != steps and step % max(steps // 10, 1):
-        return
     done = 30 * step // steps
     line = "%-13s [%s%s] %4d/%d  loss %.4f  %s tokens/s" % (label, "#" * done, "." * (30 - done), step, steps,
                                                            loss, "%.0f" % rate if rate else "-")
@@ -151,10 +155,11 @@ def train(model, batches, config, label):
         optimizer.step()
         schedule.step()
         losses.append(loss.detach())
-        if start is not None and step > untimed:
-            synchronize(config.device)
-            rate = (step - untimed) * tokens_per_step / (time.perf_counter() - start)
-        progress(label, step + 1, config.steps, losses[-1].item(), rate)
+        if progress_due(step + 1, config.steps):
+            if start is not None:
+                synchronize(config.device)
+                rate = (step + 1 - untimed) * tokens_per_step / (time.perf_counter() - start)
+            progress(label, step + 1, config.steps, losses[-1].item(), rate)
     synchronize(config.device)
     rate = (config.steps - untimed) * tokens_per_step / (time.perf_counter() - start)
     return [loss.item() for loss in losses], rate
@@ -184,7 +189,8 @@ def plot(path, moekit_losses, reference_losses, config):
 
 
 def parse_args():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description="Trains a small MoE language model with moekit and with plain "
+                                     "PyTorch and compares the losses.")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="cpu (moekit's reference backend) or cuda (its CUDA backend); default cuda if present")
     for name in SIZES["cpu"]:
