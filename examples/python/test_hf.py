@@ -2,9 +2,10 @@
 from their configs (nothing downloaded), on CPU tensors (moekit's reference backend): every sparse MoE block is
 replaced and shares the original parameters; each replaced block's output and the gradients of its input, router
 and experts match the original block's in fp32 and bf16; the whole causal LM's loss, logits and every parameter's
-gradient match the original model's in fp32, with output_router_logits (the load-balancing loss) included. Run as
-test_moekit.py is (run_test.sh); exits 77 where torch cannot be imported, and skips the cases where transformers
-cannot be (or is older than 5, whose fused experts moekit.hf reads).
+gradient match the original model's in fp32, with output_router_logits (the load-balancing loss) included; Mixtral's
+router jitter in training draws the block's noise. Run as test_moekit.py is (run_test.sh); exits 77 where torch
+cannot be imported, and skips the cases where transformers cannot be (or is older than 5, whose fused experts
+moekit.hf reads).
 """
 import copy
 import sys
@@ -50,7 +51,8 @@ def _models():
         ("qwen3_moe_unnormalised", transformers.Qwen3MoeConfig(moe_intermediate_size=INTERMEDIATE,
                                                                intermediate_size=48, num_experts=EXPERTS,
                                                                norm_topk_prob=False, head_dim=8, **_common())),
-        ("olmoe", transformers.OlmoeConfig(intermediate_size=INTERMEDIATE, num_experts=EXPERTS, **_common())),
+        ("olmoe", transformers.OlmoeConfig(intermediate_size=INTERMEDIATE, num_experts=EXPERTS, eos_token_id=None,
+                                           **_common())),
     ]
 
 
@@ -143,6 +145,23 @@ class ReplaceMoeBlocks(unittest.TestCase):
                 replaced = dict(model.named_parameters())
                 for key, want in original.named_parameters():
                     self.assertLessEqual(relative_error(replaced[key].grad, want.grad), 1e-4, key)
+
+    def test_mixtral_router_jitter_in_training_draws_as_the_block_does(self):
+        config = _models()[0][1]
+        config.router_jitter_noise = 0.2
+        original = _build(config, 5, torch.float32).train()
+        model = copy.deepcopy(original)
+        moekit.hf.replace_moe_blocks(model)
+        block_name = _block_names(original)[0]
+        x = torch.randn(2, 5, HIDDEN, generator=torch.Generator().manual_seed(6))
+        outs = []
+        for module in (original.get_submodule(block_name), model.get_submodule(block_name)):
+            torch.manual_seed(7)  # the same noise, drawn by the same call
+            outs.append(module(x.clone()))
+        self.assertLessEqual(relative_error(outs[1], outs[0]), TOLERANCE[torch.float32])
+        with torch.no_grad():
+            model.eval()  # no jitter: another output
+            self.assertFalse(torch.allclose(outs[1], model.get_submodule(block_name)(x)))
 
     def test_a_block_of_another_layout_is_refused(self):
         block = torch.nn.Module()
