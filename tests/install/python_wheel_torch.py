@@ -3,11 +3,11 @@ install_python_wheel through examples/python/run_test.sh, which picks a Python t
 
     python python_wheel_torch.py WORK_DIR
 
-A virtualenv that sees this Python's torch (its system site packages) installs the wheel that install_python_wheel
-left in WORK_DIR/dist, alone; examples/python/test_moekit.py and test_options.py run there with -P, so that
-`import moekit` is the installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be
-imported, where Python is older than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was
-not run).
+A fresh virtualenv that sees this Python's torch (through a .pth file naming torch's folder of packages) installs
+the wheel that install_python_wheel left in WORK_DIR/dist, alone; examples/python/test_moekit.py, test_options.py,
+test_compile.py and test_hf.py run there with -P, so that `import moekit` is the installed package with its bundled
+library. Exits 77 (CTest: skipped) where torch cannot be imported, where Python is older than 3.11 (no -P), or
+where there is no wheel (install_python_wheel skipped, or was not run).
 """
 import glob
 import os
@@ -23,7 +23,7 @@ except ImportError as error:
     sys.exit(77)
 
 TESTS = [pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / name
-         for name in ("test_moekit.py", "test_options.py")]
+         for name in ("test_moekit.py", "test_options.py", "test_compile.py", "test_hf.py")]
 
 
 def main(work):
@@ -35,9 +35,14 @@ def main(work):
         print("python_wheel_torch: no wheel in %s/dist (install_python_wheel builds it): skipped" % work)
         return 77
     env = os.path.join(work, "env-torch")
-    venv.EnvBuilder(system_site_packages=True, clear=True, with_pip=True).create(env)
+    venv.EnvBuilder(clear=True, with_pip=True).create(env)
     python = os.path.join(env, "bin", "python")
     environment = {k: v for k, v in os.environ.items() if k not in ("MOEKIT_LIBRARY", "PYTHONPATH")}
+    # torch's folder of packages (system-wide, or another virtualenv's, which system_site_packages would not
+    # reach) comes after the new environment's own, where the wheel goes.
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    pathlib.Path(purelib, "torch-site.pth").write_text(str(pathlib.Path(torch.__file__).parents[1]) + "\n")
     subprocess.run([python, "-m", "pip", "install", "--quiet", "--no-index", "--no-deps", wheels[0]], check=True,
                    env=environment)
     # The package and the library must be the installed ones, not the source tree's or another build's.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine: the GPU side of examples/python, the CUDA gradient check, then the 200-step training
-# comparison against the plain-PyTorch layer.
+# comparison against the plain-PyTorch layer (examples/python/train_moe_lm.py at its GPU sizes; the loss-curve PNG
+# goes to the current folder).
 #   examples/python/gpu/run_on_device.sh LIBMOEKIT_SO
 # LIBMOEKIT_SO: libmoekit.so.0.1 of a CUDA build, copied to the GPU machine, e.g. in an ignored folder of the
 # repository (cmake --build build-cuda --target moekit && mkdir -p build-python-device &&
@@ -12,5 +13,5 @@ export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 here=$(dirname "${BASH_SOURCE[0]}")
 status=0
 python3 "$here/check_gradients_cuda.py" || status=$?
-python3 "$here/train_moe_lm.py" || status=$?
+python3 "$here/../train_moe_lm.py" --device cuda --plot train_moe_lm_loss.png || status=$?
 exit "$status"

@@ -274,7 +274,9 @@ def _register_custom_ops(spec):
         options = spec.options(int_options, float_options)
         saved_bytes = spec.plan(tensors, options, inference=False).saved_bytes if training else 0
         extras = spec.extra_outputs(tensors, options)
-        extras = [extras[name] for name in spec.extras] + [x.new_empty(0)] * (_EXTRA_SLOTS - len(spec.extras))
+        # Distinct empty tensors, as the real implementation returns: one repeated would alias itself.
+        extras = [extras[name] for name in spec.extras] + [x.new_empty(0) for _ in
+                                                            range(_EXTRA_SLOTS - len(spec.extras))]
         return (torch.empty_like(x), x.new_empty(saved_bytes, dtype=torch.uint8), *extras)
 
     @torch.library.custom_op("moekit::%s_backward" % spec.name, mutates_args=())
@@ -356,7 +358,9 @@ def _apply(spec, tensors, options, fused):
         int_options = [int(options[name]) for name in spec.int_options]
         float_options = [float(options[name]) for name in spec.float_options]
         results = _FORWARD_OPS[spec.name](*_padded(inputs, _SLOTS), int_options, float_options, training)
-        return (results[0],) + tuple(results[2:2 + len(spec.extras)])
+        # The routing outputs pass no gradient (as LayerFunction marks them): detached, a use of them in a loss
+        # cannot reach the forward op's backward.
+        return (results[0],) + tuple(t.detach() for t in results[2:2 + len(spec.extras)])
     if training:
         return LayerFunction.apply(spec, options, owners, *inputs)
     out, _, extras = forward_impl(spec, tensors, options, training=False)

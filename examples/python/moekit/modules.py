@@ -24,7 +24,7 @@ class _Fp32Buffers(torch.nn.Module):
     FP32_BUFFERS = ()
 
     def _apply(self, fn, *args, **kwargs):
-        before = {name: getattr(self, name) for name in self.FP32_BUFFERS if getattr(self, name) is not None}
+        before = {name: getattr(self, name) for name in self.FP32_BUFFERS if getattr(self, name, None) is not None}
         result = super()._apply(fn, *args, **kwargs)
         for name, old in before.items():
             new = getattr(self, name)

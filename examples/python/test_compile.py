@@ -1,0 +1,129 @@
+"""moekit's torch.library custom ops (torch 2.4+) on CPU tensors (moekit's reference backend), for every layer (the
+MoE layer with and without its optional inputs, the experts alone, the sparse SwiGLU FFN):
+
+- torch.library.opcheck of each forward op (training and inference plans) and each backward op;
+- torch.compile(fullgraph=True) with the default backend (Inductor) gives the eager output and gradients bit for
+  bit, in fp32;
+- torch.autograd.gradcheck through the compiled layer in fp64 (central differences against the library's
+  backward).
+
+Run as test_moekit.py is (run_test.sh); exits 77 where torch cannot be imported; skipped where torch has no custom
+ops.
+"""
+import sys
+import unittest
+
+try:
+    import torch
+except ImportError as error:
+    print("test_compile: torch cannot be imported (%s): skipped" % error)
+    sys.exit(77)
+
+import moekit  # noqa: E402
+from moekit import functional  # noqa: E402
+
+T, H, I, E, K = 6, 8, 4, 4, 2
+
+
+def _uniform(generator, dtype, scale, *shape):
+    return ((torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale).to(dtype)
+
+
+def _layers(dtype, seed=0):
+    """{name: (function of the differentiable inputs, the inputs)}: each layer with every input it takes."""
+    g = torch.Generator().manual_seed(seed)
+    x = _uniform(g, dtype, 1.0, T, H)
+    # Logits spread over a few units: a gradcheck step never changes the selection.
+    w_router = _uniform(g, dtype, 3.0, E, H)
+    w1, b1 = _uniform(g, dtype, 0.5, E, 2 * I, H), _uniform(g, dtype, 0.5, E, 2 * I)
+    w2, b2 = _uniform(g, dtype, 0.5, E, H, I), _uniform(g, dtype, 0.5, E, H)
+    router_bias = torch.rand(E, generator=g) * 0.1
+    offsets = torch.tensor([0, 3, 3, 7, 10], dtype=torch.int32)  # an empty expert, rows past the last one
+    grouped = _uniform(g, dtype, 1.0, 12, H)
+    w_gate, w_up = _uniform(g, dtype, 1.0, 64, H), _uniform(g, dtype, 0.5, 64, H)
+    w_down = _uniform(g, dtype, 0.5, H, 64)
+    rows = functional.subsample_rows(7, 4, 16, 4)
+    lb_bias = torch.rand(4, generator=g) * 0.1
+    return {
+        "moe": (lambda x, w_router, w1, b1, w2, b2: moekit.moe(
+            x, w_router, w1, w2, K, b1=b1, b2=b2, router="sigmoid", router_bias=router_bias, renormalize=True,
+            router_scale=1.5, activation="geglu", glu_layout="interleaved"), (x, w_router, w1, b1, w2, b2)),
+        "moe_plain": (lambda x, w_router, w1, w2: moekit.moe(x, w_router, w1, w2, K), (x, w_router, w1, w2)),
+        "experts": (lambda x, w1, b1, w2, b2: moekit.experts(x, offsets, w1, w2, b1=b1, b2=b2),
+                    (grouped, w1, b1, w2, b2)),
+        "sparse_swiglu": (lambda x, w_gate, w_up, w_down: moekit.sparse_swiglu(
+            x, w_gate, w_up, w_down, 16, 2, subsample_rows=rows, lb_bias=lb_bias), (x, w_gate, w_up, w_down)),
+    }
+
+
+def _forward_calls(fn, inputs):
+    """The (op name, arguments) of every moekit forward op that fn(*inputs) calls."""
+    calls, original = [], dict(functional._FORWARD_OPS)
+
+    def recorder(name):
+        def call(*args):
+            calls.append((name, args))
+            return original[name](*args)
+        return call
+
+    functional._FORWARD_OPS.update({name: recorder(name) for name in original})
+    try:
+        fn(*inputs)
+    finally:
+        functional._FORWARD_OPS.update(original)
+    return calls
+
+
+def _leaves(inputs, requires_grad=True):
+    return [t.detach().clone().requires_grad_(requires_grad) for t in inputs]
+
+
+@unittest.skipUnless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
+class CustomOps(unittest.TestCase):
+    def test_opcheck_every_forward_and_backward_op(self):
+        # A training forward fills the saved-activation buffer, of which the library writes only what its backward
+        # reads: the check that compares every output of two runs is made on the inference plan and the backward.
+        partial = ("test_schema", "test_autograd_registration", "test_faketensor")
+        for name, (fn, inputs) in _layers(torch.float64).items():
+            with self.subTest(layer=name):
+                calls = _forward_calls(fn, _leaves(inputs))
+                self.assertEqual(len(calls), 1)
+                op_name, args = calls[0]
+                forward = getattr(torch.ops.moekit, op_name + "_forward").default
+                backward = getattr(torch.ops.moekit, op_name + "_backward").default
+                *tensors, int_options, float_options, training = args
+                self.assertTrue(training)
+                torch.library.opcheck(forward, args, test_utils=partial)
+                plain = [t.detach() if t is not None else None for t in tensors]
+                torch.library.opcheck(forward, (*plain, int_options, float_options, False))
+                results = forward(*plain, int_options, float_options, True)
+                dout = torch.rand_like(results[0])
+                for input_grad, weight_grad in ((True, True), (True, False), (False, True)):
+                    torch.library.opcheck(backward, (dout, results[1], *plain, int_options, float_options,
+                                                     input_grad, weight_grad))
+
+    def test_compile_fullgraph_equals_eager_bitwise(self):
+        torch._dynamo.reset()
+        for name, (fn, inputs) in _layers(torch.float32).items():
+            with self.subTest(layer=name):
+                results = []
+                for run in (fn, torch.compile(fn, fullgraph=True)):
+                    leaves = _leaves(inputs)
+                    out = run(*leaves)
+                    grads = torch.autograd.grad((out * out).sum(), leaves)
+                    results.append((out.detach(), *grads))
+                for got, want in zip(*results):
+                    self.assertTrue(torch.equal(got, want), name)
+
+    def test_gradcheck_through_the_compiled_layer_fp64(self):
+        torch._dynamo.reset()
+        for name, (fn, inputs) in _layers(torch.float64).items():
+            with self.subTest(layer=name):
+                compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+                self.assertTrue(torch.autograd.gradcheck(compiled, _leaves(inputs), eps=1e-6, atol=1e-7,
+                                                         rtol=1e-5))
+
+
+if __name__ == "__main__":
+    print("test_compile: torch %s" % torch.__version__)
+    unittest.main(verbosity=2)
