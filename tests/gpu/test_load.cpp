@@ -102,7 +102,8 @@ void require_load_like_alone(std::vector<moekit_handle_t> handles, size_t thread
   std::vector<std::mutex> locks(handles.size());
   const bool shared = handles.size() < threads;
   std::vector<Tally> tallies(threads);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                                              std::chrono::duration<double>(seconds));
   std::vector<std::thread> pool;
   for (size_t i = 0; i < threads; ++i)
     pool.emplace_back(run_until, std::ref(work[i]), streams[i], deadline, shared ? &locks[i % handles.size()] : nullptr,
