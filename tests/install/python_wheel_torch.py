@@ -4,8 +4,8 @@ install_python_wheel through examples/python/run_test.sh, which picks a Python t
     python python_wheel_torch.py WORK_DIR
 
 A virtualenv that sees this Python's torch (its system site packages) installs the wheel that install_python_wheel
-left in WORK_DIR/dist, alone; examples/python/test_moekit.py and test_options.py run there with -P, so that
-`import moekit` is the installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be
+left in WORK_DIR/dist, alone; examples/python/test_moekit.py, test_options.py and test_aux_losses.py run there with
+-P, so that `import moekit` is the installed package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be
 imported, where Python is older than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was
 not run).
 """
@@ -23,7 +23,7 @@ except ImportError as error:
     sys.exit(77)
 
 TESTS = [pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / name
-         for name in ("test_moekit.py", "test_options.py")]
+         for name in ("test_moekit.py", "test_options.py", "test_aux_losses.py")]
 
 
 def main(work):
