@@ -21,6 +21,7 @@
 #include "cuda/common/storage.cuh"
 #include "cuda/routing/aux_losses.h"
 #include "cuda/routing/row_group.cuh"
+#include "cuda/routing/warp_row_softmax.cuh"
 
 namespace moekit {
 inline namespace v0 {
@@ -56,14 +57,8 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
   if (row >= tokens) return;  // a whole warp leaves together
   const int lane = threadIdx.x % 32;
-  const T* x = logits + row * stride;  // [E]
-  float m = -INFINITY;
-  for (int64_t e = lane; e < experts; e += 32) m = fmaxf(m, to_float(x[e]));
-  m = warp_max(m);
-  float s = 0.0f;
-  for (int64_t e = lane; e < experts; e += 32) s += expf(to_float(x[e]) - m);
-  s = warp_sum(s);
-  if (lane == 0) lse[row] = m + logf(s);
+  const RowSoftmax softmax = warp_row_softmax(logits + row * stride, experts, lane);
+  if (lane == 0) lse[row] = softmax.lse();
 }
 
 template <class T>

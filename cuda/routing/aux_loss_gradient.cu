@@ -18,6 +18,7 @@
 #include "cuda/common/storage.cuh"
 #include "cuda/routing/aux_losses.h"
 #include "cuda/routing/row_group.cuh"
+#include "cuda/routing/warp_row_softmax.cuh"
 
 namespace moekit {
 inline namespace v0 {
@@ -58,21 +59,16 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32)
   const float per_pair = static_cast<float>(1.0 / (t * static_cast<double>(problem.top_k)));
   const bool balance = problem.load_balance_coeff != 0;  // else the counts were never formed
 
-  float m = -INFINITY;
-  for (int64_t e = lane; e < E; e += 32) m = fmaxf(m, to_float(x[e]));
-  m = warp_max(m);
-  float s = 0.0f;
-  for (int64_t e = lane; e < E; e += 32) s += expf(to_float(x[e]) - m);
-  s = warp_sum(s);
-  const float lse = m + logf(s);
+  const RowSoftmax softmax = warp_row_softmax(x, E, lane);
+  const float lse = softmax.lse();
   float f_dot_p = 0.0f;
   if (balance) {
     for (int64_t e = lane; e < E; e += 32)
-      f_dot_p += static_cast<float>(args.counts[e]) * per_pair * (expf(to_float(x[e]) - m) / s);
+      f_dot_p += static_cast<float>(args.counts[e]) * per_pair * softmax.probability(to_float(x[e]));
     f_dot_p = warp_sum(f_dot_p);
   }
   for (int64_t e = lane; e < E; e += 32) {
-    const float p = expf(to_float(x[e]) - m) / s;
+    const float p = softmax.probability(to_float(x[e]));
     float aux = z_scale * lse * p;
     if (balance) aux += lb_scale * p * (static_cast<float>(args.counts[e]) * per_pair - f_dot_p);
     float value = base[e] + aux;

@@ -12,18 +12,12 @@
 
 #include "common/finite_difference.h"
 #include "common/test_util.h"
+#include "cpu/router_plan.h"
 
 using moekit_test::HostTensor;
 using moekit_test::ReferenceHandle;
 
 namespace {
-
-struct RouterPlan : moekit_test::PlanOwner {
-  RouterPlan(moekit_handle_t handle, const moekit_router_desc_t& desc) {
-    MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
-    size_workspace();
-  }
-};
 
 moekit_router_desc_t aux_desc(int64_t tokens, int64_t experts, int64_t top_k, int32_t kind, moekit_dtype_t dtype,
                               double lb_coeff, double z_coeff) {
@@ -109,16 +103,21 @@ Forward run_forward(moekit_handle_t handle, const moekit_router_desc_t& d, HostT
                  d.z_loss_coeff != 0 ? z.get(0) : 0.0};
 }
 
-// dlogits (fp32, or fp64 in an fp64 plan) from dscores; upstream gradients < 0 mean "absent" (= 1).
+// dlogits (fp32, or fp64 in an fp64 plan) from dscores; upstream gradients < 0 mean "absent" (= 1). With `old`,
+// the backward accumulates into a copy of it.
 std::vector<double> run_backward(moekit_handle_t handle, const moekit_router_desc_t& d, HostTensor& logits,
                                  const std::vector<int64_t>& indices, HostTensor& dscores, double d_lb = -1,
-                                 double d_z = -1) {
+                                 double d_z = -1, const HostTensor* old = nullptr) {
   RouterPlan plan(handle, d);
   const int64_t T = logits.rows();
   const moekit_dtype_t sd = d.dtype == MOEKIT_DTYPE_FP64 ? MOEKIT_DTYPE_FP64 : MOEKIT_DTYPE_FP32;
   HostTensor idx(MOEKIT_DTYPE_INT64, {T, d.top_k}), dlogits(sd, {T, d.experts}), dlb(sd, {1}), dz(sd, {1, 1});
   for (int64_t i = 0; i < idx.numel(); ++i) idx.set(i, static_cast<double>(indices[static_cast<size_t>(i)]));
-  dlogits.poison();
+  if (old) {
+    dlogits = *old;
+  } else {
+    dlogits.poison();
+  }
   dlb.set(0, d_lb);
   dz.set(0, d_z);
   moekit_router_bwd_args_t a;
@@ -127,6 +126,7 @@ std::vector<double> run_backward(moekit_handle_t handle, const moekit_router_des
   a.indices = idx.view();
   a.dscores = dscores.view();
   a.dlogits = dlogits.view();
+  a.accumulate = old ? 1 : 0;
   if (d_lb >= 0) a.dload_balance_loss = dlb.view();
   if (d_z >= 0) a.dz_loss = dz.view();
   MOEKIT_REQUIRE_OK(moekit_router_backward(plan.plan, &a, plan.ws(), plan.workspace.size(), nullptr));
@@ -308,22 +308,11 @@ TEST_CASE("aux losses: accumulate adds the aux gradient to the old dlogits once"
   HostTensor dscores(MOEKIT_DTYPE_FP64, {T, K});
   dscores.fill_uniform(rng, 1.0);
   std::vector<double> fresh = run_backward(h.handle, d, logits, fwd.indices, dscores);
-
-  RouterPlan plan(h.handle, d);
-  HostTensor idx(MOEKIT_DTYPE_INT64, {T, K}), dlogits(MOEKIT_DTYPE_FP64, {T, E});
-  for (int64_t i = 0; i < idx.numel(); ++i) idx.set(i, static_cast<double>(fwd.indices[static_cast<size_t>(i)]));
-  dlogits.fill_uniform(rng, 1.0);
-  std::vector<double> old = dlogits.values();
-  moekit_router_bwd_args_t a;
-  moekit_router_bwd_args_init(&a);
-  a.logits = logits.view();
-  a.indices = idx.view();
-  a.dscores = dscores.view();
-  a.dlogits = dlogits.view();
-  a.accumulate = 1;
-  MOEKIT_REQUIRE_OK(moekit_router_backward(plan.plan, &a, plan.ws(), plan.workspace.size(), nullptr));
+  HostTensor old(MOEKIT_DTYPE_FP64, {T, E});
+  old.fill_uniform(rng, 1.0);
+  std::vector<double> summed = run_backward(h.handle, d, logits, fwd.indices, dscores, -1, -1, &old);
   for (int64_t i = 0; i < T * E; ++i)
-    CHECK(std::abs(dlogits.get(i) - (old[static_cast<size_t>(i)] + fresh[static_cast<size_t>(i)])) <= 1e-15);
+    CHECK(std::abs(summed[static_cast<size_t>(i)] - (old.get(i) + fresh[static_cast<size_t>(i)])) <= 1e-15);
 }
 
 TEST_CASE("aux losses: T = 0 writes losses of 0 and touches no dlogits", "[router][aux_losses]") {

@@ -264,6 +264,22 @@ void require_same_bits(const Outputs& a, const Outputs& b) {
     REQUIRE((a.*tensor).bytes_equal(b.*tensor));
 }
 
+// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
+// third runs on a non-blocking stream instead of the legacy one.
+void require_bitwise_reruns(const Config& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in(c, rng);
+  Handles h;
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Outputs first = run_moe(h.cuda, true, c, in);
+  for (int run = 0; run < 2; ++run) {
+    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
+    require_same_bits(first, again);
+  }
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 
 TEST_CASE("CUDA MoE layer matches the reference: activations, GLU layouts, biases", "[gpu][layer][moe]") {
@@ -343,8 +359,6 @@ TEST_CASE("CUDA MoE layer: inference mode, split backward calls, beta = 1 accumu
   check_moe(fp32_grads, 14);
 }
 
-// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
-// third runs on a non-blocking stream instead of the legacy one.
 TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer addresses and streams",
           "[gpu][layer][moe]") {
   Config c;
@@ -353,17 +367,7 @@ TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer ad
   c.inter = 136;
   c.router_experts = c.experts = 16;
   c.top_k = 4;
-  std::mt19937_64 rng(9);
-  Inputs in(c, rng);
-  Handles h;
-  cudaStream_t stream = nullptr;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Outputs first = run_moe(h.cuda, true, c, in);
-  for (int run = 0; run < 2; ++run) {
-    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
-    require_same_bits(first, again);
-  }
-  cudaStreamDestroy(stream);
+  require_bitwise_reruns(c, 9);
 }
 
 // A plan's kernel choices are made when it is created and only read by its calls: the overrides changed after
@@ -664,15 +668,5 @@ TEST_CASE("CUDA MoE layer with the auxiliary router losses is bitwise identical 
   c.top_k = 4;
   c.load_balance_coeff = 1.0;
   c.z_loss_coeff = 0.1;
-  std::mt19937_64 rng(39);
-  Inputs in(c, rng);
-  Handles h;
-  cudaStream_t stream = nullptr;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Outputs first = run_moe(h.cuda, true, c, in);
-  for (int run = 0; run < 2; ++run) {
-    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
-    require_same_bits(first, again);
-  }
-  cudaStreamDestroy(stream);
+  require_bitwise_reruns(c, 39);
 }

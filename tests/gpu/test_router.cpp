@@ -81,22 +81,29 @@ HostTensor make_bias(const RouterCase& c, std::mt19937_64& rng) {
   return bias;
 }
 
+moekit_router_desc_t router_desc(int64_t experts, int64_t top_k, moekit_router_kind_t kind, moekit_dtype_t dtype,
+                                 int64_t max_tokens, bool renormalize, double scale) {
+  moekit_router_desc_t desc;
+  moekit_router_desc_init(&desc);
+  desc.max_tokens = std::max<int64_t>(max_tokens, 1);
+  desc.experts = experts;
+  desc.top_k = top_k;
+  desc.kind = kind;
+  desc.renormalize = renormalize ? 1 : 0;
+  desc.scale = scale;
+  desc.dtype = dtype;
+  return desc;
+}
+
 // A router plan and its workspace (device memory for a CUDA handle: the forward's per-block counts).
 struct Plan {
   moekit_plan_t plan = nullptr;
   size_t workspace_bytes = 0;
   std::vector<uint8_t> host_workspace;
   DeviceBuffer device_workspace;
-  Plan(moekit_handle_t handle, bool on_device, const RouterCase& c, int64_t max_tokens, double scale) {
-    moekit_router_desc_t desc;
-    moekit_router_desc_init(&desc);
-    desc.max_tokens = std::max<int64_t>(max_tokens, 1);
-    desc.experts = c.experts;
-    desc.top_k = c.top_k;
-    desc.kind = c.kind;
-    desc.renormalize = c.renormalize ? 1 : 0;
-    desc.scale = scale;
-    desc.dtype = c.dtype;
+  Plan(moekit_handle_t handle, bool on_device, const RouterCase& c, int64_t max_tokens, double scale)
+      : Plan(handle, on_device, router_desc(c.experts, c.top_k, c.kind, c.dtype, max_tokens, c.renormalize, scale)) {}
+  Plan(moekit_handle_t handle, bool on_device, const moekit_router_desc_t& desc) {
     MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
     MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
     if (on_device) {
@@ -542,32 +549,13 @@ struct AuxCase {
   }
 };
 
-struct AuxPlan {
-  moekit_plan_t plan = nullptr;
-  size_t workspace_bytes = 0;
-  std::vector<uint8_t> host_workspace;
-  DeviceBuffer device_workspace;
-  AuxPlan(moekit_handle_t handle, bool on_device, const AuxCase& c, bool losses_on) {
-    moekit_router_desc_t desc;
-    moekit_router_desc_init(&desc);
-    desc.max_tokens = c.tokens + 300;  // a plan for more tokens than the call has
-    desc.experts = c.experts;
-    desc.top_k = c.top_k;
-    desc.kind = c.kind;
-    desc.dtype = c.dtype;
-    desc.load_balance_coeff = losses_on ? c.load_balance_coeff : 0;
-    desc.z_loss_coeff = losses_on ? c.z_loss_coeff : 0;
-    MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
-    if (on_device) {
-      device_workspace = DeviceBuffer(workspace_bytes);
-    } else {
-      host_workspace.resize(workspace_bytes);
-    }
-  }
-  ~AuxPlan() { moekit_plan_destroy(plan); }
-  void* workspace() { return device_workspace.data() ? device_workspace.data() : host_workspace.data(); }
-};
+// A plan for more tokens than the call has; `losses_on` false: the same router without the losses.
+moekit_router_desc_t aux_desc(const AuxCase& c, bool losses_on) {
+  moekit_router_desc_t desc = router_desc(c.experts, c.top_k, c.kind, c.dtype, c.tokens + 300, false, 1.0);
+  desc.load_balance_coeff = losses_on ? c.load_balance_coeff : 0;
+  desc.z_loss_coeff = losses_on ? c.z_loss_coeff : 0;
+  return desc;
+}
 
 HostTensor aux_logits(const AuxCase& c, std::mt19937_64& rng) {
   HostTensor logits(c.dtype, {c.tokens, c.experts});
@@ -593,7 +581,7 @@ struct AuxResult {
 AuxResult run_aux(moekit_handle_t handle, bool device, const AuxCase& c, const HostTensor& logits,
                   const HostTensor* indices, const HostTensor& dscores, const HostTensor& initial, bool losses_on,
                   cudaStream_t stream = nullptr) {
-  AuxPlan plan(handle, device, c, losses_on);
+  Plan plan(handle, device, aux_desc(c, losses_on));
   AuxResult r{HostTensor(MOEKIT_DTYPE_INT32, {c.tokens, c.top_k}), HostTensor(MOEKIT_DTYPE_FP32, {1}),
               HostTensor(MOEKIT_DTYPE_FP32, {1}), initial};
   r.indices.poison();
