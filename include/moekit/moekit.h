@@ -230,9 +230,11 @@ typedef struct moekit_router_desc {
   int32_t renormalize; /* kinds TOPK_SOFTMAX, TOPK, SIGMOID: s = r / sum(r); default 0 */
   double scale;       /* SIGMOID kind: multiplies the scores; default 1 */
   int32_t dtype;      /* logits dtype: bf16, fp16, fp32 or fp64 (reference); default bf16 */
-  /* Auxiliary losses (docs/math.md section 1.1): finite, >= 0; 0 (default) = off. The load-balancing loss
-   * needs a softmax kind (SOFTMAX_TOPK, TOPK_SOFTMAX): NOT_SUPPORTED for TOPK and SIGMOID. The z-loss serves every
-   * kind. */
+  /* Auxiliary losses (docs/math.md section 1.1): finite, >= 0; 0 (default) = off. f_e = the share of the T*K
+   * selections that chose e (no gradient), P_e = the mean over the tokens of softmax(logits[t])_e over all E. The
+   * load-balancing loss needs a softmax kind (SOFTMAX_TOPK, TOPK_SOFTMAX): NOT_SUPPORTED for TOPK and SIGMOID at
+   * plan creation. The z-loss serves every kind. The backward adds their gradients into dlogits before it is
+   * rounded. */
   double load_balance_coeff; /* LB = coeff * E * sum_e f_e P_e */
   double z_loss_coeff;       /* Z = coeff * mean_t logsumexp(logits[t])^2 */
 } moekit_router_desc_t;
