@@ -96,7 +96,7 @@ void CudaBackend::router_backward(const moekit_plan& plan, const moekit_router_b
   // With aux losses and a bf16/fp16 dlogits, the router gradient stays fp32 in the workspace until the aux part is
   // added, so dlogits is rounded once (docs/math.md section 1.1). An fp32 dlogits takes both in place.
   const bool staged = aux && !fp32_out;
-  float* staging = section<float>(workspace, layout.dlogits);  // [T, E], row stride E
+  float* staging = staged ? section<float>(workspace, layout.dlogits) : nullptr;  // [T, E], row stride E
   const routing::RouterBackwardArgs args{a.logits.data,
                                          row_stride(a.logits),
                                          a.indices.data,
