@@ -1,4 +1,5 @@
 // The MoE layer (docs/math.md sections 3 and 4): descriptor, argument checks, forward and backward.
+#include "capi/aux_losses.h"
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/expert_weights.h"
@@ -26,6 +27,7 @@ void resolve_moe(const moekit_handle& handle, moekit_moe_desc_t& d) {
   require_router_kind("router", d.router);
   require_flag("renormalize", d.renormalize);
   require_finite("router_scale", d.router_scale);
+  require_aux_losses(d.router, d.load_balance_coeff, d.z_loss_coeff);
 }
 
 Extent router_experts(const moekit_moe_desc_t& d) { return Extent{d.router_experts, "router_experts"}; }
@@ -48,6 +50,8 @@ void check_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& a) {
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).optional().check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({router_experts(d)}).optional().check();
   require_finite("beta_out", a.beta_out);
+  check_loss_scalar(r, "load_balance_loss", a.load_balance_loss, d.dtype, d.load_balance_coeff, "load_balance_coeff");
+  check_loss_scalar(r, "z_loss", a.z_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
 void check_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& a) {
@@ -69,6 +73,9 @@ void check_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& a) {
       .used_if(a.compute_weight_grad)
       .check();
   require_finite("beta_dw_router", a.beta_dw_router);
+  check_loss_scalar(r, "dload_balance_loss", a.dload_balance_loss, d.dtype, d.load_balance_coeff,
+                    "load_balance_coeff");
+  check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
 }  // namespace

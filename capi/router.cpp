@@ -1,4 +1,5 @@
 // The router operation (docs/math.md section 1): descriptor, argument checks, forward and backward.
+#include "capi/aux_losses.h"
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"
@@ -17,7 +18,9 @@ void resolve_router(const moekit_handle& handle, moekit_router_desc_t& d) {
   require_flag("renormalize", d.renormalize);
   require_finite("scale", d.scale);
   require_float_dtype(handle, "dtype", d.dtype);
+  require_aux_losses(d.kind, d.load_balance_coeff, d.z_loss_coeff);
 }
+
 
 void check_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a) {
   const moekit_router_desc_t& d = plan.router;
@@ -33,6 +36,8 @@ void check_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a) {
   TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({e}).optional().check();
+  check_loss_scalar(r, "load_balance_loss", a.load_balance_loss, d.dtype, d.load_balance_coeff, "load_balance_coeff");
+  check_loss_scalar(r, "z_loss", a.z_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
 void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) {
@@ -45,6 +50,9 @@ void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) 
   TensorCheck(r, "dscores", a.dscores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "dlogits", a.dlogits).dtype_in({MOEKIT_DTYPE_FP32, d.dtype}).shape({t, e}).check();
   require_flag("accumulate", a.accumulate);
+  check_loss_scalar(r, "dload_balance_loss", a.dload_balance_loss, d.dtype, d.load_balance_coeff,
+                    "load_balance_coeff");
+  check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 namespace moekit_bench {
 
 struct RunMeta {
-  std::string moekit_version;  // of the library linked in ("0.1.0")
+  std::string moekit_version;  // of the library linked in ("0.2.0")
   std::string git_sha;         // of the source tree at configure time ("unknown" outside a git checkout)
   std::string backend;         // "cuda" or "reference"
   std::string backend_note;    // why this backend (e.g. the automatic fallback's reason)

@@ -97,7 +97,7 @@ class Bindings(unittest.TestCase):
             self.assertEqual(_capi.ctypes.sizeof(struct), sizes[name], name)
 
     def test_the_loaded_library_is_version_0_1(self):
-        self.assertEqual(moekit.load().moekit_get_version() // 100, 1)
+        self.assertEqual(moekit.load().moekit_get_version() // 100, 2)
 
 
 def run_token_experts(x, topk_idx, topk_weights, w1, w2, dout):

@@ -49,7 +49,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------------ */
 
 #define MOEKIT_VERSION_MAJOR 0
-#define MOEKIT_VERSION_MINOR 1
+#define MOEKIT_VERSION_MINOR 2
 #define MOEKIT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH; this encoding never changes. */
 #define MOEKIT_VERSION_NUMBER (MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH)
@@ -230,6 +230,13 @@ typedef struct moekit_router_desc {
   int32_t renormalize; /* kinds TOPK_SOFTMAX, TOPK, SIGMOID: s = r / sum(r); default 0 */
   double scale;       /* SIGMOID kind: multiplies the scores; default 1 */
   int32_t dtype;      /* logits dtype: bf16, fp16, fp32 or fp64 (reference); default bf16 */
+  /* Auxiliary losses (docs/math.md section 1.1): finite, >= 0; 0 (default) = off. f_e = the share of the T*K
+   * selections that chose e (no gradient), P_e = the mean over the tokens of softmax(logits[t])_e over all E. The
+   * load-balancing loss needs a softmax kind (SOFTMAX_TOPK, TOPK_SOFTMAX): NOT_SUPPORTED for TOPK and SIGMOID at
+   * plan creation. The z-loss serves every kind. The backward adds their gradients into dlogits before it is
+   * rounded. */
+  double load_balance_coeff; /* LB = coeff * E * sum_e f_e P_e */
+  double z_loss_coeff;       /* Z = coeff * mean_t logsumexp(logits[t])^2 */
 } moekit_router_desc_t;
 
 MOEKIT_API moekit_status_t moekit_router_desc_init(moekit_router_desc_t* desc);
@@ -243,6 +250,10 @@ typedef struct moekit_router_fwd_args {
   moekit_tensor_t scores; /* out [T, K] fp32 (or fp64 with fp64 logits), in selection order */
   moekit_tensor_t indices; /* out [T, K] int32 or int64: selected expert ids, value-descending, ties to lower id */
   moekit_tensor_t counts;  /* out [E] int32, optional: pairs selected per expert (overwritten) */
+  /* out, optional, and only when the matching coefficient is not 0: the loss value, one fp32 element (fp64 in an
+   * fp64 plan) read flat (any rank >= 1), overwritten; 0 when T = 0. */
+  moekit_tensor_t load_balance_loss;
+  moekit_tensor_t z_loss;
 } moekit_router_fwd_args_t;
 
 typedef struct moekit_router_bwd_args {
@@ -252,6 +263,11 @@ typedef struct moekit_router_bwd_args {
   moekit_tensor_t dscores;  /* [T, K] fp32: gradient of the scores (0 for dropped pairs) */
   moekit_tensor_t dlogits;  /* out [T, E] fp32 or the logits dtype */
   int32_t accumulate;       /* 1: dlogits += gradient; 0: dlogits = gradient (old values never read) */
+  /* With a coefficient not 0 the backward adds that loss's gradient into dlogits, scaled by the loss's upstream
+   * gradient: one fp32 element (fp64 in an fp64 plan) read flat, optional (absent = 1), and only when the
+   * coefficient is not 0. The losses' f_e is counted from `indices`. */
+  moekit_tensor_t dload_balance_loss;
+  moekit_tensor_t dz_loss;
 } moekit_router_bwd_args_t;
 
 MOEKIT_API moekit_status_t moekit_router_fwd_args_init(moekit_router_fwd_args_t* args);
@@ -544,6 +560,10 @@ typedef struct moekit_moe_desc {
   int32_t backward_overwrites_saved; /* 1: the backward may write dh over the saved h, so the workspace needs no
                                         room for dh ([P, 2I]) and saved serves ONE backward call (it is spent after
                                         it); default 0 */
+  /* The router's auxiliary losses, as in moekit_router_desc_t (docs/math.md section 1.1); 0 (default) = off. Their
+   * gradients enter dlogits, hence dx and dWr. */
+  double load_balance_coeff;
+  double z_loss_coeff;
 } moekit_moe_desc_t;
 
 MOEKIT_API moekit_status_t moekit_moe_desc_init(moekit_moe_desc_t* desc);
@@ -564,6 +584,8 @@ typedef struct moekit_moe_fwd_args {
   moekit_tensor_t indices;     /* out [T, K] int32/int64, optional: global expert ids */
   moekit_tensor_t counts;      /* out [router_experts] int32, optional: pairs per expert (before dropping) */
   double beta_out;             /* 0: out is never read */
+  moekit_tensor_t load_balance_loss; /* out, optional, as in moekit_router_fwd_args_t */
+  moekit_tensor_t z_loss;            /* out, optional, as in moekit_router_fwd_args_t */
 } moekit_moe_fwd_args_t;
 
 typedef struct moekit_moe_bwd_args {
@@ -587,6 +609,9 @@ typedef struct moekit_moe_bwd_args {
   /* grad = beta * grad + new; 0: the old value is never read. Gradients of a group not requested (flag 0) are
    * neither checked nor touched, so they may be absent. */
   double beta_dx, beta_dw_router, beta_dw1, beta_db1, beta_dw2, beta_db2;
+  /* The auxiliary losses' upstream gradients, as in moekit_router_bwd_args_t (optional, absent = 1). */
+  moekit_tensor_t dload_balance_loss;
+  moekit_tensor_t dz_loss;
 } moekit_moe_bwd_args_t;
 
 MOEKIT_API moekit_status_t moekit_moe_fwd_args_init(moekit_moe_fwd_args_t* args);

@@ -8,6 +8,7 @@
 #include "cuda/dispatch/dispatch_layout.h"
 #include "cuda/reduce/bias_sums.h"
 #include "cuda/sparse_ffn/group_select_workspace.h"
+#include "cuda/routing/aux_losses.h"
 #include "cuda/routing/router.h"
 #include "cuda/common/status_error.h"
 
@@ -50,6 +51,9 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
                           " experts per row, got " + std::to_string(plan.router.experts));
     plan.workspace_bytes =
         routing::router_workspace_bytes(plan.router.max_tokens, plan.router.experts, facts_.sm_count);
+    if (plan.router.load_balance_coeff != 0 || plan.router.z_loss_coeff != 0)
+      plan.workspace_bytes =
+          routing::aux_loss_layout(plan.workspace_bytes, plan.router.max_tokens, plan.router.experts).end;
   }
   if (plan.kind == OpKind::gemm)
     plan_grouped_gemm(plan, GemmDevice{facts_.sm_count, facts_.cc_major, facts_.cc_minor});

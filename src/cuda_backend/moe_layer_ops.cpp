@@ -62,6 +62,8 @@ MoePlans moe_plans(const moekit_plan& layer) {
   p.router.router.renormalize = d.renormalize;
   p.router.router.scale = d.router_scale;
   p.router.router.dtype = d.dtype;
+  p.router.router.load_balance_coeff = d.load_balance_coeff;
+  p.router.router.z_loss_coeff = d.z_loss_coeff;
 
   p.dispatch = dispatch_plan(layer, d.max_tokens, d.top_k, d.experts, d.expert_begin);
   p.combine = combine_plan(layer, d.max_tokens, d.top_k, d.hidden, d.dtype);
@@ -160,6 +162,8 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   r.scores = device_view(b.scores, MOEKIT_DTYPE_FP32, {T, K}, dev);
   r.indices = device_view(b.indices, MOEKIT_DTYPE_INT32, {T, K}, dev);
   r.counts = args.counts;
+  r.load_balance_loss = args.load_balance_loss;
+  r.z_loss = args.z_loss;
   router_forward(p.router, r, scratch, stream);
 
   const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
@@ -246,6 +250,8 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   rb.indices = g.indices;
   rb.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
   rb.dlogits = device_view(b.dlogits, dt, {T, RE}, dev);
+  rb.dload_balance_loss = args.dload_balance_loss;
+  rb.dz_loss = args.dz_loss;
   router_backward(p.router, rb, scratch, stream);
 
   if (input_grad) {

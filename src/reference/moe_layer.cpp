@@ -1,10 +1,11 @@
-// The MoE layer (docs/math.md sections 3 and 4) on the reference backend: router GEMM, router, dispatch, expert MLP on
-// the grouped rows, combine; and its backward. Saved between the two: the router's logits, scores and indices and the
-// rounded h; the dispatch is recomputed from the indices.
+// The MoE layer (docs/math.md sections 3 and 4) on the reference backend: router GEMM, router and its auxiliary losses,
+// dispatch, expert MLP on the grouped rows, combine; and its backward. Saved between the two: the router's logits,
+// scores and indices and the rounded h; the dispatch is recomputed from the indices.
 #include <algorithm>
 #include <vector>
 
 #include "moekit/moekit.h"
+#include "src/reference/aux_losses.h"
 #include "src/reference/blocks.h"
 #include "src/reference/dense.h"
 #include "src/reference/expert_layer.h"
@@ -62,7 +63,10 @@ void ReferenceBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd
   RoutedForward experts =
       routed_forward(d, RoutedPairs{tokens, d.top_k, csr, scores.data()}, x, weights, args.out, args.beta_out);
 
+  const AuxLosses losses = aux_losses(aux_loss_spec(d), tokens, logits.data(), indices.data());
   write_values(args.out, experts.out);
+  write_loss(args.load_balance_loss, losses.load_balance);
+  write_loss(args.z_loss, losses.z);
   if (present(args.scores)) write_values(args.scores, scores);
   if (present(args.indices)) write_indices(args.indices, indices);
   if (present(args.counts)) write_indices(args.counts, counts);
@@ -100,6 +104,8 @@ void ReferenceBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bw
   // Step 8's dlogits, rounded to the storage dtype before both router GEMMs.
   std::vector<double> dlogits(static_cast<size_t>(tokens * d.router_experts));
   ref::router_backward(router_spec(d), tokens, logits, indices, g.dweights.data(), dlogits.data());
+  add_aux_loss_gradient(aux_loss_spec(d), tokens, logits, indices, upstream_gradient(args.dload_balance_loss),
+                        upstream_gradient(args.dz_loss), dlogits.data());
   round_all(dlogits, d.dtype);
 
   if (input_grad) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "cuda/common/status_error.h"
+#include "src/reference/aux_losses.h"
 #include "src/reference/blocks.h"
 #include "src/reference/dense.h"
 #include "src/reference/reference_backend.h"
@@ -170,9 +171,12 @@ void ReferenceBackend::router_forward(const moekit_plan& plan, const moekit_rout
   std::vector<int64_t> counts(static_cast<size_t>(spec.experts));
   ref::router_forward(spec, tokens, logits.data(), has_bias ? bias.data() : nullptr, scores.data(), indices.data(),
                       counts.data());
+  const AuxLosses losses = aux_losses(aux_loss_spec(plan.router), tokens, logits.data(), indices.data());
   write_values(args.scores, scores);
   write_indices(args.indices, indices);
   if (args.counts.data) write_indices(args.counts, counts);
+  write_loss(args.load_balance_loss, losses.load_balance);
+  write_loss(args.z_loss, losses.z);
 }
 
 void ReferenceBackend::router_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& args, Workspace,
@@ -184,6 +188,8 @@ void ReferenceBackend::router_backward(const moekit_plan& plan, const moekit_rou
   std::vector<double> dscores = read_values(args.dscores);
   std::vector<double> dlogits(logits.size());
   ref::router_backward(spec, tokens, logits.data(), indices.data(), dscores.data(), dlogits.data());
+  add_aux_loss_gradient(aux_loss_spec(plan.router), tokens, logits.data(), indices.data(),
+                        upstream_gradient(args.dload_balance_loss), upstream_gradient(args.dz_loss), dlogits.data());
   if (args.accumulate) {
     std::vector<double> previous = read_values(args.dlogits);
     for (size_t i = 0; i < dlogits.size(); ++i) dlogits[i] += previous[i];

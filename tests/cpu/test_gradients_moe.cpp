@@ -57,6 +57,11 @@ struct MoeCase {
   int64_t experts = 5;
   int64_t expert_begin = 0;
   int64_t top_k = 2;
+  // docs/math.md section 1.1; the loss adds lb_weight * LB + z_weight * Z, the weights passed as upstream gradients.
+  double load_balance_coeff = 0;
+  double z_loss_coeff = 0;
+  double lb_weight = 0.7;
+  double z_weight = 1.3;
 
   int64_t h_width() const { return is_gated(activation) ? 2 * intermediate : intermediate; }
   bool drops_pairs() const { return expert_begin > 0 || experts < router_experts; }
@@ -97,6 +102,8 @@ class MoeProblem {
     desc.inference = 0;
     desc.dtype = MOEKIT_DTYPE_FP64;
     desc.weight_grad_dtype = MOEKIT_DTYPE_FP64;
+    desc.load_balance_coeff = c.load_balance_coeff;
+    desc.z_loss_coeff = c.z_loss_coeff;
     MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle_.handle, &desc, &plan_));
     size_t saved_bytes = 0, workspace_bytes = 0;
     MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan_, &saved_bytes));
@@ -116,6 +123,12 @@ class MoeProblem {
     out = HostTensor(MOEKIT_DTYPE_FP64, {T, H});
     scores = HostTensor(MOEKIT_DTYPE_FP32, {T, c.top_k});
     indices = HostTensor(MOEKIT_DTYPE_INT32, {T, c.top_k});
+    load_balance_loss = HostTensor(MOEKIT_DTYPE_FP64, {1});
+    z_loss = HostTensor(MOEKIT_DTYPE_FP64, {1});
+    lb_weight = HostTensor(MOEKIT_DTYPE_FP64, {1});
+    z_weight = HostTensor(MOEKIT_DTYPE_FP64, {1});
+    lb_weight.set(0, c.lb_weight);
+    z_weight.set(0, c.z_weight);
 
     int attempts = 0;
     do {
@@ -149,6 +162,10 @@ class MoeProblem {
     args.scores = scores.view();
     args.indices = indices.view();
     args.beta_out = 0;
+    load_balance_loss.poison();
+    z_loss.poison();
+    if (case_.load_balance_coeff != 0) args.load_balance_loss = load_balance_loss.view();
+    if (case_.z_loss_coeff != 0) args.z_loss = z_loss.view();
     MOEKIT_REQUIRE_OK(moekit_moe_forward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
                                          workspace_.size(), nullptr));
   }
@@ -159,6 +176,8 @@ class MoeProblem {
     if (!indices.bytes_equal(base_indices_)) ++selection_changes;
     double sum = 0;
     for (int64_t i = 0; i < out.numel(); ++i) sum += g.get(i) * out.get(i);
+    if (case_.load_balance_coeff != 0) sum += case_.lb_weight * load_balance_loss.get(0);
+    if (case_.z_loss_coeff != 0) sum += case_.z_weight * z_loss.get(0);
     return sum;
   }
 
@@ -200,6 +219,8 @@ class MoeProblem {
     args.beta_db1 = request.beta_db1;
     args.beta_dw2 = request.beta_dw2;
     args.beta_db2 = request.beta_db2;
+    if (case_.load_balance_coeff != 0) args.dload_balance_loss = lb_weight.view();
+    if (case_.z_loss_coeff != 0) args.dz_loss = z_weight.view();
     MOEKIT_REQUIRE_OK(moekit_moe_backward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
                                           workspace_.size(), nullptr));
   }
@@ -236,6 +257,7 @@ class MoeProblem {
 
   HostTensor x, w_router, router_bias, w1, b1, w2, b2, g;
   HostTensor out, scores, indices;
+  HostTensor load_balance_loss, z_loss, lb_weight, z_weight;  // [1] each
   int64_t selection_changes = 0;
   int64_t dropped_pairs = 0;     // of the accepted draw
   int64_t clamped_entries = 0;   // SwiGLU-OAI inputs beyond the limit, of the accepted draw
@@ -327,7 +349,8 @@ std::string describe(const MoeCase& c) {
   std::ostringstream s;
   s << c.name << " (act " << c.activation << ", layout " << c.glu_layout << ", router " << c.router << ", renorm "
     << c.renormalize << ", E " << c.experts << " of " << c.router_experts << " from " << c.expert_begin << ", K "
-    << c.top_k << ", b1 " << c.has_b1 << ", b2 " << c.has_b2 << ")";
+    << c.top_k << ", b1 " << c.has_b1 << ", b2 " << c.has_b2 << ", lb " << c.load_balance_coeff << ", z "
+    << c.z_loss_coeff << ")";
   return s.str();
 }
 
@@ -552,4 +575,33 @@ TEST_CASE("moe backward: beta 1 adds to each old gradient, beta 0 never reads it
       CHECK(worst <= 1e-13);
     }
   }
+}
+
+TEST_CASE("moe gradients match central differences with the auxiliary router losses", "[moe][gradients][aux_losses]") {
+  uint64_t seed = 900;
+  for (const RouterVariant& v : router_variants()) {
+    MoeCase c = router_case(v);
+    c.name = "aux losses";
+    const bool softmax = v.kind == MOEKIT_ROUTER_SOFTMAX_TOPK || v.kind == MOEKIT_ROUTER_TOPK_SOFTMAX;
+    c.load_balance_coeff = softmax ? 0.3 : 0.0;  // NOT_SUPPORTED on the other kinds (test_router_aux_losses.cpp)
+    c.z_loss_coeff = 0.05;
+    check_gradients(c, seed++);
+  }
+  // Expert parallelism: f and P run over every router expert, the dropped pairs included.
+  MoeCase c;
+  c.name = "aux losses, experts off this GPU";
+  c.router_experts = 7;
+  c.experts = 4;
+  c.expert_begin = 2;
+  c.load_balance_coeff = 0.3;
+  c.z_loss_coeff = 0.05;
+  check_gradients(c, seed++);
+  // T = 1 and top-1.
+  c = MoeCase{};
+  c.name = "aux losses, one token";
+  c.tokens = 1;
+  c.top_k = 1;
+  c.load_balance_coeff = 0.3;
+  c.z_loss_coeff = 0.05;
+  check_gradients(c, seed++);
 }

@@ -9,18 +9,12 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "cpu/router_plan.h"
 
 using moekit_test::HostTensor;
 using moekit_test::ReferenceHandle;
 
 namespace {
-
-struct RouterPlan : moekit_test::PlanOwner {
-  RouterPlan(moekit_handle_t handle, const moekit_router_desc_t& desc) {
-    MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
-    size_workspace();
-  }
-};
 
 moekit_router_desc_t router_desc(int64_t tokens, int64_t experts, int64_t top_k, int32_t kind, bool renormalize,
                                  double scale, moekit_dtype_t dtype) {

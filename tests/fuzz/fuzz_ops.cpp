@@ -124,6 +124,26 @@ void used_if(Slot& s, bool used) {
 
 // ---- Level 1 -----------------------------------------------------------------------------------------------
 
+bool softmax_router(int32_t kind) { return kind == MOEKIT_ROUTER_SOFTMAX_TOPK || kind == MOEKIT_ROUTER_TOPK_SOFTMAX; }
+
+// The auxiliary losses' value slots (out) or upstream-gradient slots (in): one element each, allowed only when the
+// loss is on, then passed or not as `passed` says.
+void loss_slots(Builder& b, const Dims& d, double lb_coeff, double z_coeff, bool gradients, moekit_tensor_t& lb,
+                moekit_tensor_t& z, bool lb_passed, bool z_passed) {
+  const char* lb_name = gradients ? "dload_balance_loss" : "load_balance_loss";
+  const char* z_name = gradients ? "dz_loss" : "z_loss";
+  Slot& lb_slot = gradients ? b.tensor(lb_name, lb, d.score_dtype, {1}) : b.out(lb_name, lb, d.score_dtype, {1});
+  Slot& z_slot = gradients ? b.tensor(z_name, z, d.score_dtype, {1}) : b.out(z_name, z, d.score_dtype, {1});
+  if (lb_coeff != 0)
+    optional(lb_slot, lb_passed);
+  else
+    required_iff(lb_slot, false);
+  if (z_coeff != 0)
+    optional(z_slot, z_passed);
+  else
+    required_iff(z_slot, false);
+}
+
 moekit_router_desc_t router_desc(const Dims& d) {
   moekit_router_desc_t desc;
   moekit_router_desc_init(&desc);
@@ -134,6 +154,8 @@ moekit_router_desc_t router_desc(const Dims& d) {
   desc.renormalize = d.cfg.bit(6, 2);
   desc.scale = d.cfg.bit(6, 3) ? 2.5 : 1.0;
   desc.dtype = d.dtype;
+  desc.load_balance_coeff = d.cfg.bit(7, 0) && softmax_router(desc.kind) ? 0.01 : 0.0;
+  desc.z_loss_coeff = d.cfg.bit(7, 1) ? 0.001 : 0.0;
   return desc;
 }
 
@@ -150,13 +172,16 @@ void router_forward(Builder& b, const Dims& d) {
   b.out("scores", a.scores, d.score_dtype, {d.t, d.k});
   b.out("indices", a.indices, d.index_dtype, {d.t, d.k});
   optional(b.out("counts", a.counts, kI32, {d.e}), d.cfg.bit(6, 5));
+  loss_slots(b, d, desc.load_balance_coeff, desc.z_loss_coeff, false, a.load_balance_loss, a.z_loss,
+             d.cfg.bit(7, 2), d.cfg.bit(7, 3));
   b.c.run = [&a](const RunArgs& r) {
     return moekit_router_forward(r.plan, r.null_args ? nullptr : &a, r.workspace, r.workspace_bytes, nullptr);
   };
 }
 
 void router_backward(Builder& b, const Dims& d) {
-  b.plan(moekit_router_plan_create, router_desc(d));
+  const moekit_router_desc_t desc = router_desc(d);
+  b.plan(moekit_router_plan_create, desc);
   auto& a = b.args<moekit_router_bwd_args_t>(moekit_router_bwd_args_init);
   b.tensor("logits", a.logits, d.dtype, {d.t, d.e});
   b.ids("indices", a.indices, d.index_dtype, {d.t, d.k}, 0, d.e);
@@ -164,6 +189,8 @@ void router_backward(Builder& b, const Dims& d) {
   b.out("dlogits", a.dlogits, d.cfg.bit(6, 5) ? kFp32 : d.dtype, {d.t, d.e});
   a.accumulate = d.cfg.bit(6, 4);
   b.scalar("accumulate", a.accumulate);
+  loss_slots(b, d, desc.load_balance_coeff, desc.z_loss_coeff, true, a.dload_balance_loss, a.dz_loss,
+             d.cfg.bit(7, 2), d.cfg.bit(7, 3));
   b.c.run = [&a](const RunArgs& r) {
     return moekit_router_backward(r.plan, r.null_args ? nullptr : &a, r.workspace, r.workspace_bytes, nullptr);
   };
@@ -487,6 +514,9 @@ moekit_moe_desc_t moe_desc(const Dims& d, int64_t max_rows, bool training) {
   desc.inference = training ? 0 : cfg.bit(7, 5);
   desc.dtype = d.dtype;
   if (cfg.bit(7, 6)) desc.weight_grad_dtype = kFp32;
+  // NOTE: every configuration bit is taken; the aux losses follow the two bits of the spare tokens (d.extra).
+  desc.load_balance_coeff = cfg.bit(0, 4) && softmax_router(desc.router) ? 0.01 : 0.0;
+  desc.z_loss_coeff = cfg.bit(0, 5) ? 0.001 : 0.0;
   return desc;
 }
 
@@ -563,6 +593,7 @@ void moe_forward(Builder& b, const Dims& d, bool training) {
   optional(b.out("indices", a.indices, d.index_dtype, {d.t, d.k}), d.cfg.bit(0, 7));
   optional(b.out("counts", a.counts, kI32, {re}), d.cfg.bit(6, 7));
   b.scalar("beta_out", a.beta_out);
+  loss_slots(b, d, desc.load_balance_coeff, desc.z_loss_coeff, false, a.load_balance_loss, a.z_loss, true, true);
   b.c.run = [&a](const RunArgs& r) {
     return moekit_moe_forward(r.plan, r.null_args ? nullptr : &a, r.saved, r.saved_bytes, r.workspace,
                               r.workspace_bytes, nullptr);
@@ -636,6 +667,7 @@ void moe_backward(Builder& b, const Dims& d) {
   expert_gradients(b, d, desc, d.t, a);
   used_if(b.out("dw_router", a.dw_router, expert_shapes(desc).weight_grad, {re, d.h}), a.compute_weight_grad);
   b.scalar("beta_dw_router", a.beta_dw_router);
+  loss_slots(b, d, desc.load_balance_coeff, desc.z_loss_coeff, true, a.dload_balance_loss, a.dz_loss, true, true);
   b.c.run = [&a](const RunArgs& r) {
     return moekit_moe_backward(r.plan, r.null_args ? nullptr : &a, r.saved, r.saved_bytes, r.workspace,
                                r.workspace_bytes, nullptr);

@@ -89,7 +89,9 @@ std::vector<Field> fields_of(int kind, Descriptors& d) {
               field("kind", r.kind),
               field("renormalize", r.renormalize),
               field("scale", r.scale),
-              field("dtype", r.dtype)};
+              field("dtype", r.dtype),
+              field("load_balance_coeff", r.load_balance_coeff),
+              field("z_loss_coeff", r.z_loss_coeff)};
     }
     case 2: {
       moekit_dispatch_desc_t& s = d.dispatch;
@@ -160,7 +162,9 @@ std::vector<Field> fields_of(int kind, Descriptors& d) {
               field("inference", m.inference),
               field("dtype", m.dtype),
               field("weight_grad_dtype", m.weight_grad_dtype),
-              field("backward_overwrites_saved", m.backward_overwrites_saved)};
+              field("backward_overwrites_saved", m.backward_overwrites_saved),
+              field("load_balance_coeff", m.load_balance_coeff),
+              field("z_loss_coeff", m.z_loss_coeff)};
     }
   }
 }

@@ -35,8 +35,8 @@ def case(index, config=(), *edits):
 
 
 # ---- plan_create: the descriptor kinds and their field counts (fuzz_plan_create.cpp's fields_of) -------------
-KINDS = [("handle", 5), ("router", 8), ("dispatch", 6), ("gemm", 15), ("combine", 6), ("bias_grad", 7),
-         ("group_select", 10), ("sparse_ffn", 10), ("moe", 19), ("experts", 19)]
+KINDS = [("handle", 5), ("router", 10), ("dispatch", 6), ("gemm", 15), ("combine", 6), ("bias_grad", 7),
+         ("group_select", 10), ("sparse_ffn", 10), ("moe", 21), ("experts", 21)]
 
 
 def plan_create_seeds():
@@ -58,9 +58,9 @@ def plan_create_seeds():
 
 
 # ---- tensor_views and run_calls: the run calls (fuzz_ops.h's Op) and their slot and scalar counts -------------
-OPS = [("router_forward", 5, 0), ("router_backward", 4, 1), ("dispatch", 6, 0), ("gemm", 11, 2), ("combine", 5, 1),
+OPS = [("router_forward", 7, 0), ("router_backward", 6, 1), ("dispatch", 6, 0), ("gemm", 11, 2), ("combine", 5, 1),
        ("broadcast_backward", 5, 1), ("db1", 3, 1), ("db2_ds", 8, 1), ("group_select", 6, 0),
-       ("load_balance_update", 3, 5), ("moe_forward", 11, 1), ("moe_backward", 12, 8), ("experts_forward", 7, 0),
+       ("load_balance_update", 3, 5), ("moe_forward", 13, 1), ("moe_backward", 14, 8), ("experts_forward", 7, 0),
        ("experts_backward", 10, 7), ("sparse_ffn_forward", 9, 1), ("sparse_ffn_backward", 9, 6),
        ("subsample_rows", 1, 4)]
 SPECIALS = 4  # plan, args, workspace, saved (fuzz_call.cpp)

@@ -41,6 +41,8 @@ struct Config {
   bool accumulate = false;      // every gradient's beta = 1 over random old values (instead of poison)
   bool overwrite_saved = false; // backward_overwrites_saved: dh written over the saved h
   moekit_dtype_t weight_grad_dtype = MOEKIT_DTYPE_INVALID;  // INVALID: the storage dtype
+  // The router's auxiliary losses (docs/math.md section 1.1); their upstream gradients are 0.75 and 3.
+  double load_balance_coeff = 0, z_loss_coeff = 0;
 
   moekit_dtype_t wg_dtype() const { return weight_grad_dtype == MOEKIT_DTYPE_INVALID ? dtype : weight_grad_dtype; }
 
@@ -53,7 +55,8 @@ struct Config {
       << router_experts << " e0 " << expert_begin << " K " << top_k << " dtype " << dtype << " beta_out "
       << beta_out << (one_expert_takes_all ? " one expert takes all" : "") << (inference ? " inference" : "")
       << (split_backward ? " split backward" : "") << (accumulate ? " accumulate" : "")
-      << (overwrite_saved ? " overwrite saved" : "") << " weight grads " << wg_dtype();
+      << (overwrite_saved ? " overwrite saved" : "") << " weight grads " << wg_dtype() << " lb " << load_balance_coeff
+      << " z " << z_loss_coeff;
     return s.str();
   }
 };
@@ -103,6 +106,7 @@ struct Inputs {
 struct Outputs {
   HostTensor out, scores, indices, counts, dx, dwr, dw1, db1, dw2, db2;
   size_t workspace_bytes = 0;
+  HostTensor load_balance_loss, z_loss;  // [1] fp32
 };
 
 moekit_moe_desc_t layer_desc(const Config& c) {
@@ -126,6 +130,8 @@ moekit_moe_desc_t layer_desc(const Config& c) {
   d.inference = c.inference;
   d.weight_grad_dtype = c.weight_grad_dtype;
   d.backward_overwrites_saved = c.overwrite_saved;
+  d.load_balance_coeff = c.load_balance_coeff;
+  d.z_loss_coeff = c.z_loss_coeff;
   return d;
 }
 
@@ -155,7 +161,12 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   o.db1 = in.db10;
   o.dw2 = in.dw20;
   o.db2 = in.db20;
-  for (HostTensor* t : {&o.scores, &o.indices, &o.counts}) t->poison();
+  o.load_balance_loss = HostTensor(MOEKIT_DTYPE_FP32, {1});
+  o.z_loss = HostTensor(MOEKIT_DTYPE_FP32, {1});
+  HostTensor d_lb(MOEKIT_DTYPE_FP32, {1}), d_z(MOEKIT_DTYPE_FP32, {1});
+  d_lb.set(0, 0.75);
+  d_z.set(0, 3.0);
+  for (HostTensor* t : {&o.scores, &o.indices, &o.counts, &o.load_balance_loss, &o.z_loss}) t->poison();
   if (!c.accumulate)
     for (HostTensor* t : {&o.dx, &o.dwr, &o.dw1, &o.db1, &o.dw2, &o.db2}) t->poison();
   if (c.beta_out == 0) o.out.poison();
@@ -177,6 +188,8 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.indices = at.put(o.indices);
   f.counts = at.put(o.counts);
   f.beta_out = c.beta_out;
+  if (c.load_balance_coeff != 0) f.load_balance_loss = at.put(o.load_balance_loss);
+  if (c.z_loss_coeff != 0) f.z_loss = at.put(o.z_loss);
   void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
   void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
@@ -205,6 +218,8 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   }
   const double beta = c.accumulate ? 1.0 : 0.0;
   b.beta_dx = b.beta_dw_router = b.beta_dw1 = b.beta_db1 = b.beta_dw2 = b.beta_db2 = beta;
+  if (c.load_balance_coeff != 0) b.dload_balance_loss = at.put(d_lb);
+  if (c.z_loss_coeff != 0) b.dz_loss = at.put(d_z);
   if (c.split_backward) {
     // Weight gradients first, then the input gradient: the saved buffer is only read, so any order works.
     b.compute_input_grad = 0;
@@ -230,6 +245,12 @@ void check_moe(const Config& c, uint64_t seed) {
   REQUIRE(moekit_test::as_integers(gpu.counts) == moekit_test::as_integers(ref.counts));
   require_close("scores", gpu.scores, ref.scores, c.dtype);
   require_close("out", gpu.out, ref.out, c.dtype);
+  // The losses: fp32 sums on the GPU of the same (exact) logits, against float64.
+  if (c.load_balance_coeff != 0)
+    CHECK(std::abs(gpu.load_balance_loss.get(0) - ref.load_balance_loss.get(0)) <=
+          1e-5 * std::abs(ref.load_balance_loss.get(0)));
+  if (c.z_loss_coeff != 0)
+    CHECK(std::abs(gpu.z_loss.get(0) - ref.z_loss.get(0)) <= 1e-5 * std::abs(ref.z_loss.get(0)));
   if (c.inference) return;
   require_close("dx", gpu.dx, ref.dx, c.dtype);
   require_close("dWr", gpu.dwr, ref.dwr, c.dtype);
@@ -241,11 +262,27 @@ void check_moe(const Config& c, uint64_t seed) {
   }
 }
 
-// Two runs of one config agree to the bit in the output and the gradients of x, Wr, W1, W2 and b1.
+// Two runs of one config agree to the bit in the output, the losses and the gradients of x, Wr, W1, W2 and b1.
 void require_same_bits(const Outputs& a, const Outputs& b) {
-  for (HostTensor Outputs::*tensor :
-       {&Outputs::out, &Outputs::dx, &Outputs::dwr, &Outputs::dw1, &Outputs::dw2, &Outputs::db1})
+  for (HostTensor Outputs::*tensor : {&Outputs::out, &Outputs::dx, &Outputs::dwr, &Outputs::dw1, &Outputs::dw2,
+                                      &Outputs::db1, &Outputs::load_balance_loss, &Outputs::z_loss})
     REQUIRE((a.*tensor).bytes_equal(b.*tensor));
+}
+
+// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
+// third runs on a non-blocking stream instead of the legacy one.
+void require_bitwise_reruns(const Config& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Inputs in(c, rng);
+  Handles h;
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const Outputs first = run_moe(h.cuda, true, c, in);
+  for (int run = 0; run < 2; ++run) {
+    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
+    require_same_bits(first, again);
+  }
+  cudaStreamDestroy(stream);
 }
 
 }  // namespace
@@ -327,8 +364,6 @@ TEST_CASE("CUDA MoE layer: inference mode, split backward calls, beta = 1 accumu
   check_moe(fp32_grads, 14);
 }
 
-// Each run places every tensor, the workspace and the saved buffer in fresh allocations (new addresses); the
-// third runs on a non-blocking stream instead of the legacy one.
 TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer addresses and streams",
           "[gpu][layer][moe]") {
   Config c;
@@ -337,17 +372,7 @@ TEST_CASE("CUDA MoE layer is bitwise identical over three runs, across buffer ad
   c.inter = 136;
   c.router_experts = c.experts = 16;
   c.top_k = 4;
-  std::mt19937_64 rng(9);
-  Inputs in(c, rng);
-  Handles h;
-  cudaStream_t stream = nullptr;
-  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  const Outputs first = run_moe(h.cuda, true, c, in);
-  for (int run = 0; run < 2; ++run) {
-    const Outputs again = run_moe(h.cuda, true, c, in, run == 1 ? stream : nullptr);
-    require_same_bits(first, again);
-  }
-  cudaStreamDestroy(stream);
+  require_bitwise_reruns(c, 9);
 }
 
 // A plan's kernel choices are made when it is created and only read by its calls: the overrides changed after
@@ -625,4 +650,70 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
       REQUIRE((plain_experts.*t).bytes_equal(over_experts.*t));
     REQUIRE(over_experts.workspace_bytes < plain_experts.workspace_bytes);
   }
+}
+
+TEST_CASE("CUDA MoE layer with the auxiliary router losses matches the reference", "[gpu][layer][moe][aux_losses]") {
+  // Coefficients large enough for the aux gradient to show in a bf16 dlogits next to the experts' term.
+  Config c;
+  c.load_balance_coeff = 1.0;
+  c.z_loss_coeff = 0.1;
+  check_moe(c, 31);
+  c.router = MOEKIT_ROUTER_TOPK_SOFTMAX;
+  c.renormalize = true;
+  c.accumulate = true;
+  check_moe(c, 32);
+
+  Config sigmoid;  // the z-loss alone: the load-balancing loss needs a softmax kind
+  sigmoid.router = MOEKIT_ROUTER_SIGMOID;
+  sigmoid.z_loss_coeff = 0.1;
+  check_moe(sigmoid, 33);
+
+  Config dropped;  // f and P over every router expert, the dropped pairs' included
+  dropped.router_experts = 8;
+  dropped.experts = 4;
+  dropped.expert_begin = 2;
+  dropped.load_balance_coeff = 1.0;
+  dropped.z_loss_coeff = 0.1;
+  check_moe(dropped, 34);
+
+  Config sparse;  // most experts empty
+  sparse.tokens = 5;
+  sparse.router_experts = sparse.experts = 16;
+  sparse.load_balance_coeff = 1.0;
+  check_moe(sparse, 35);
+
+  Config one;
+  one.tokens = 1;
+  one.top_k = 4;
+  one.load_balance_coeff = 1.0;
+  one.z_loss_coeff = 0.1;
+  check_moe(one, 36);
+
+  Config all;
+  all.top_k = 1;
+  all.one_expert_takes_all = true;
+  all.load_balance_coeff = 1.0;
+  all.z_loss_coeff = 0.1;
+  all.split_backward = true;
+  check_moe(all, 37);
+
+  Config large;  // more than one 256-row chunk of the losses' column sums, fp16
+  large.tokens = 1100;
+  large.router_experts = large.experts = 64;
+  large.top_k = 8;
+  large.dtype = MOEKIT_DTYPE_FP16;
+  large.load_balance_coeff = 1.0;
+  large.z_loss_coeff = 0.1;
+  check_moe(large, 38);
+}
+
+TEST_CASE("CUDA MoE layer with the auxiliary router losses is bitwise identical over reruns and streams",
+          "[gpu][layer][moe][aux_losses]") {
+  Config c;
+  c.tokens = 700;
+  c.router_experts = c.experts = 16;
+  c.top_k = 4;
+  c.load_balance_coeff = 1.0;
+  c.z_loss_coeff = 0.1;
+  require_bitwise_reruns(c, 39);
 }

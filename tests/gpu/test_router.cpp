@@ -2,7 +2,8 @@
 // identical (the selection is decided on the same fp32 keys), scores and dlogits within docs/math.md section 9's fp32
 // bounds (the storage dtype's for a bf16/fp16 dlogits), over a shape table of token counts and E, every kind x
 // renormalisation x dtype x index type, ties, -inf masks, 16-bit NaN/inf/signed zeros/subnormals, strided rows, the
-// row-group shape edges; poisoned outputs; bitwise identical reruns and streams.
+// row-group shape edges; poisoned outputs; bitwise identical reruns and streams; and the auxiliary losses (values,
+// dlogits, their aux part on its own scale, T = 0, empty experts, one expert taking every token, reruns).
 #include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "gpu/gpu_util.h"
+#include "gpu/two_backends.h"
 
 using namespace moekit_test;
 
@@ -79,22 +81,29 @@ HostTensor make_bias(const RouterCase& c, std::mt19937_64& rng) {
   return bias;
 }
 
+moekit_router_desc_t router_desc(int64_t experts, int64_t top_k, moekit_router_kind_t kind, moekit_dtype_t dtype,
+                                 int64_t max_tokens, bool renormalize, double scale) {
+  moekit_router_desc_t desc;
+  moekit_router_desc_init(&desc);
+  desc.max_tokens = std::max<int64_t>(max_tokens, 1);
+  desc.experts = experts;
+  desc.top_k = top_k;
+  desc.kind = kind;
+  desc.renormalize = renormalize ? 1 : 0;
+  desc.scale = scale;
+  desc.dtype = dtype;
+  return desc;
+}
+
 // A router plan and its workspace (device memory for a CUDA handle: the forward's per-block counts).
 struct Plan {
   moekit_plan_t plan = nullptr;
   size_t workspace_bytes = 0;
   std::vector<uint8_t> host_workspace;
   DeviceBuffer device_workspace;
-  Plan(moekit_handle_t handle, bool on_device, const RouterCase& c, int64_t max_tokens, double scale) {
-    moekit_router_desc_t desc;
-    moekit_router_desc_init(&desc);
-    desc.max_tokens = std::max<int64_t>(max_tokens, 1);
-    desc.experts = c.experts;
-    desc.top_k = c.top_k;
-    desc.kind = c.kind;
-    desc.renormalize = c.renormalize ? 1 : 0;
-    desc.scale = scale;
-    desc.dtype = c.dtype;
+  Plan(moekit_handle_t handle, bool on_device, const RouterCase& c, int64_t max_tokens, double scale)
+      : Plan(handle, on_device, router_desc(c.experts, c.top_k, c.kind, c.dtype, max_tokens, c.renormalize, scale)) {}
+  Plan(moekit_handle_t handle, bool on_device, const moekit_router_desc_t& desc) {
     MOEKIT_REQUIRE_OK(moekit_router_plan_create(handle, &desc, &plan));
     MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
     if (on_device) {
@@ -516,4 +525,198 @@ TEST_CASE("router at T = 32768, E = 4096 matches the reference (the second case 
            RouterCase{32768, 4096, 16, MOEKIT_ROUTER_TOPK_SOFTMAX, true, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_INT32,
                       Values::masked, MOEKIT_DTYPE_BF16, true},
            7001, false);
+}
+
+namespace {
+
+// The auxiliary losses (docs/math.md section 1.1) of one case: coefficients, and the logits pattern's ugly shapes.
+enum class AuxShape { random, unused, one_takes_all };
+
+struct AuxCase {
+  int64_t tokens, experts, top_k;
+  moekit_router_kind_t kind;
+  moekit_dtype_t dtype, dlogits_dtype;
+  bool accumulate;
+  double load_balance_coeff, z_loss_coeff;
+  AuxShape shape;
+
+  std::string name() const {
+    std::ostringstream s;
+    s << "T=" << tokens << " E=" << experts << " K=" << top_k << " kind " << kind << " dtype " << dtype
+      << " dlogits dtype " << dlogits_dtype << (accumulate ? " accumulate" : "") << " lb " << load_balance_coeff
+      << " z " << z_loss_coeff << " shape " << static_cast<int>(shape);
+    return s.str();
+  }
+};
+
+// A plan for more tokens than the call has; `losses_on` false: the same router without the losses.
+moekit_router_desc_t aux_desc(const AuxCase& c, bool losses_on) {
+  moekit_router_desc_t desc = router_desc(c.experts, c.top_k, c.kind, c.dtype, c.tokens + 300, false, 1.0);
+  desc.load_balance_coeff = losses_on ? c.load_balance_coeff : 0;
+  desc.z_loss_coeff = losses_on ? c.z_loss_coeff : 0;
+  return desc;
+}
+
+HostTensor aux_logits(const AuxCase& c, std::mt19937_64& rng) {
+  HostTensor logits(c.dtype, {c.tokens, c.experts});
+  logits.fill_uniform(rng, 3.0);
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    if (c.shape == AuxShape::unused) {
+      // The upper half of the experts masked: nobody picks them (f = P = 0 there).
+      for (int64_t e = std::max<int64_t>(c.top_k, c.experts / 2); e < c.experts; ++e)
+        logits.set(t * c.experts + e, -INFINITY);
+    } else if (c.shape == AuxShape::one_takes_all) {
+      logits.set(t * c.experts + c.experts / 3, 8.0);
+    }
+  }
+  return logits;
+}
+
+struct AuxResult {
+  HostTensor indices, load_balance, z, dlogits;
+};
+
+// Forward (losses, indices) then backward (dlogits from the reference's indices, upstream gradients 0.75 and 3) on one
+// backend. `losses_on` false: the same router without aux losses (for the aux part of dlogits).
+AuxResult run_aux(moekit_handle_t handle, bool device, const AuxCase& c, const HostTensor& logits,
+                  const HostTensor* indices, const HostTensor& dscores, const HostTensor& initial, bool losses_on,
+                  cudaStream_t stream = nullptr) {
+  Plan plan(handle, device, aux_desc(c, losses_on));
+  AuxResult r{HostTensor(MOEKIT_DTYPE_INT32, {c.tokens, c.top_k}), HostTensor(MOEKIT_DTYPE_FP32, {1}),
+              HostTensor(MOEKIT_DTYPE_FP32, {1}), initial};
+  r.indices.poison();
+  r.load_balance.poison();
+  r.z.poison();
+  HostTensor scores(MOEKIT_DTYPE_FP32, {c.tokens, c.top_k}), d_lb(MOEKIT_DTYPE_FP32, {1}), d_z(MOEKIT_DTYPE_FP32, {1});
+  d_lb.set(0, 0.75);
+  d_z.set(0, 3.0);
+  HostTensor in_logits = logits, in_dscores = dscores, in_indices = indices ? *indices : r.indices;
+  Placement at(device);
+  moekit_router_fwd_args_t f;
+  moekit_router_fwd_args_init(&f);
+  f.logits = at.put(in_logits);
+  f.scores = at.put(scores);
+  f.indices = at.put(r.indices);
+  if (losses_on && c.load_balance_coeff != 0) f.load_balance_loss = at.put(r.load_balance);
+  if (losses_on && c.z_loss_coeff != 0) f.z_loss = at.put(r.z);
+  MOEKIT_REQUIRE_OK(moekit_router_forward(plan.plan, &f, plan.workspace(), plan.workspace_bytes, stream));
+  moekit_router_bwd_args_t b;
+  moekit_router_bwd_args_init(&b);
+  b.logits = f.logits;
+  b.indices = indices ? at.put(in_indices) : f.indices;
+  b.dscores = at.put(in_dscores);
+  b.dlogits = at.put(r.dlogits);
+  b.accumulate = c.accumulate ? 1 : 0;
+  if (losses_on && c.load_balance_coeff != 0) b.dload_balance_loss = at.put(d_lb);
+  if (losses_on && c.z_loss_coeff != 0) b.dz_loss = at.put(d_z);
+  MOEKIT_REQUIRE_OK(moekit_router_backward(plan.plan, &b, plan.workspace(), plan.workspace_bytes, stream));
+  at.fetch();
+  return r;
+}
+
+void check_aux_case(const AuxCase& c, uint64_t seed) {
+  INFO(c.name());
+  std::mt19937_64 rng(seed);
+  Handles h;
+  HostTensor logits = aux_logits(c, rng);
+  HostTensor dscores(MOEKIT_DTYPE_FP32, {c.tokens, c.top_k});
+  dscores.fill_uniform(rng, 1.0);
+  HostTensor initial(c.dlogits_dtype, {c.tokens, c.experts});
+  if (c.accumulate) {
+    initial.fill_uniform(rng, 1.0);
+  } else {
+    initial.poison();
+  }
+  const AuxResult ref = run_aux(h.reference, false, c, logits, nullptr, dscores, initial, true);
+  const AuxResult gpu = run_aux(h.cuda, true, c, logits, &ref.indices, dscores, initial, true);
+  REQUIRE(moekit_test::as_integers(gpu.indices) == moekit_test::as_integers(ref.indices));
+  // The losses: fp32 terms summed in double on the GPU, against float64.
+  if (c.load_balance_coeff != 0)
+    CHECK(std::abs(gpu.load_balance.get(0) - ref.load_balance.get(0)) <= 1e-5 * std::abs(ref.load_balance.get(0)));
+  if (c.z_loss_coeff != 0) CHECK(std::abs(gpu.z.get(0) - ref.z.get(0)) <= 1e-5 * std::abs(ref.z.get(0)));
+  const ErrorMetrics m = compare(gpu.dlogits.values(), ref.dlogits.values(), c.experts);
+  INFO("dlogits: " << describe(m));
+  CHECK(within(m, bounds_for(c.dlogits_dtype)));
+
+  // The aux part alone, on its own scale: (with - without) in fp32 on both backends. Each element may deviate by the
+  // fp32 rounding of the larger term plus 1e-4 of the aux part's largest magnitude; no element may pass that.
+  if (c.dlogits_dtype != MOEKIT_DTYPE_FP32) return;
+  const AuxResult ref_off = run_aux(h.reference, false, c, logits, &ref.indices, dscores, initial, false);
+  const AuxResult gpu_off = run_aux(h.cuda, true, c, logits, &ref.indices, dscores, initial, false);
+  const std::vector<double> rw = ref.dlogits.values(), ro = ref_off.dlogits.values();
+  const std::vector<double> gw = gpu.dlogits.values(), go = gpu_off.dlogits.values();
+  double aux_scale = 0;
+  for (size_t i = 0; i < rw.size(); ++i) aux_scale = std::max(aux_scale, std::abs(rw[i] - ro[i]));
+  REQUIRE(aux_scale > 0);
+  int64_t deviations = 0;
+  double worst = 0;
+  for (size_t i = 0; i < rw.size(); ++i) {
+    const double bound = 4 * 0x1p-24 * (std::abs(gw[i]) + std::abs(go[i])) + 1e-4 * aux_scale;
+    const double error = std::abs((gw[i] - go[i]) - (rw[i] - ro[i]));
+    worst = std::max(worst, error / bound);
+    if (error > bound) ++deviations;
+  }
+  INFO("aux part: worst deviation / bound " << worst << ", aux scale " << aux_scale);
+  CHECK(deviations == 0);
+}
+
+}  // namespace
+
+TEST_CASE("router aux losses match the reference: kinds, shapes, dtypes, T = 1, empty experts, one takes all",
+          "[gpu][router][aux_losses]") {
+  const AuxCase cases[] = {
+      {1, 8, 2, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, false, 0.01, 0.001, AuxShape::random},
+      {7, 3, 1, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_DTYPE_FP32, MOEKIT_DTYPE_FP32, true, 0.01, 0.001, AuxShape::random},
+      {300, 64, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_BF16, false, 0.01, 0.001,
+       AuxShape::unused},
+      {513, 128, 8, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_DTYPE_FP16, MOEKIT_DTYPE_FP16, true, 0.01, 0.001,
+       AuxShape::random},
+      {4096, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, false, 0.01, 0.001,
+       AuxShape::random},
+      {1000, 16, 1, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, true, 0.01, 0.001,
+       AuxShape::one_takes_all},
+      {257, 4096, 16, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, false, 0.01, 0.001,
+       AuxShape::random},
+      {129, 8192, 4, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_FP32, MOEKIT_DTYPE_FP32, false, 0.01, 0.0,
+       AuxShape::unused},
+      {200, 32, 4, MOEKIT_ROUTER_SIGMOID, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, false, 0.0, 0.001, AuxShape::random},
+      {200, 32, 4, MOEKIT_ROUTER_TOPK, MOEKIT_DTYPE_FP32, MOEKIT_DTYPE_FP32, true, 0.0, 0.001, AuxShape::random},
+      {32768, 256, 8, MOEKIT_ROUTER_TOPK_SOFTMAX, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_BF16, false, 0.01, 0.001,
+       AuxShape::random},
+  };
+  uint64_t seed = 7000;
+  for (const AuxCase& c : cases) check_aux_case(c, seed++);
+}
+
+TEST_CASE("router aux losses: T = 0 writes losses of 0", "[gpu][router][aux_losses]") {
+  Handles h;
+  const AuxCase c{0, 8, 2, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_FP32, false, 0.01, 0.001,
+                  AuxShape::random};
+  HostTensor logits(c.dtype, {0, c.experts}), dscores(MOEKIT_DTYPE_FP32, {0, c.top_k});
+  HostTensor initial(MOEKIT_DTYPE_FP32, {0, c.experts});
+  const AuxResult gpu = run_aux(h.cuda, true, c, logits, nullptr, dscores, initial, true);
+  CHECK(gpu.load_balance.get(0) == 0.0);
+  CHECK(gpu.z.get(0) == 0.0);
+}
+
+TEST_CASE("router aux losses: bitwise identical over reruns and across two streams", "[gpu][router][aux_losses]") {
+  Handles h;
+  const AuxCase c{5000, 256, 8, MOEKIT_ROUTER_SOFTMAX_TOPK, MOEKIT_DTYPE_BF16, MOEKIT_DTYPE_BF16, false, 0.01, 0.001,
+                  AuxShape::random};
+  std::mt19937_64 rng(7100);
+  HostTensor logits = aux_logits(c, rng);
+  HostTensor dscores(MOEKIT_DTYPE_FP32, {c.tokens, c.top_k});
+  dscores.fill_uniform(rng, 1.0);
+  HostTensor initial(c.dlogits_dtype, {c.tokens, c.experts});
+  initial.poison();
+  cudaStream_t stream = nullptr;
+  CUDA_REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const AuxResult first = run_aux(h.cuda, true, c, logits, nullptr, dscores, initial, true);
+  for (int run = 0; run < 3; ++run) {
+    const AuxResult again = run_aux(h.cuda, true, c, logits, nullptr, dscores, initial, true, run == 2 ? stream : nullptr);
+    REQUIRE(again.load_balance.bytes_equal(first.load_balance));
+    REQUIRE(again.z.bytes_equal(first.z));
+    REQUIRE(again.dlogits.bytes_equal(first.dlogits));
+  }
+  cudaStreamDestroy(stream);
 }

@@ -1,4 +1,4 @@
-# cmake -DBUILD_DIR=... -DPREFIX=... -DLIBDIR=lib -DINCLUDEDIR=include -DVERSION=0.1.0 -DSOVERSION=0.1
+# cmake -DBUILD_DIR=... -DPREFIX=... -DLIBDIR=lib -DINCLUDEDIR=include -DVERSION=0.2.0 -DSOVERSION=0.2
 #       -P install_tree.cmake
 # Installs the build tree into a fresh PREFIX (what the consumer tests then build against) and checks the layout:
 # the header, libmoekit.so{,.SOVERSION,.VERSION}, libmoekit_static.a, the CMake package and the pkg-config files;

@@ -20,7 +20,7 @@ _TORCH_NAMES = dict(
     {name: "modules" for name in ("MoELayer", "Experts", "SparseSwiGLU")},
     **{name: "functional" for name in ("moe", "experts", "sparse_swiglu", "dispatch", "gather_tokens", "combine",
                                        "offsets_from_counts", "subsample_rows", "load_balance_update", "Routing",
-                                       "Selection", "Dispatch", "CUSTOM_OPS")})
+                                       "AuxLosses", "Selection", "Dispatch", "CUSTOM_OPS")})
 
 __all__ = sorted(_TORCH_NAMES) + ["MoekitError", "NotSupportedError", "load", "library_path", "build_info"]
 

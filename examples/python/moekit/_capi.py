@@ -15,7 +15,7 @@ import threading
 c_int32, c_int64, c_uint32, c_uint64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 c_size_t, c_double, c_void_p = ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p
 
-VERSION_MAJOR, VERSION_MINOR = 0, 1
+VERSION_MAJOR, VERSION_MINOR = 0, 2
 SONAME = "libmoekit.so.%d.%d" % (VERSION_MAJOR, VERSION_MINOR)  # 0.MINOR while MAJOR is 0
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
 
@@ -81,6 +81,8 @@ class MoeDesc(ctypes.Structure):
         ("dtype", c_int32),
         ("weight_grad_dtype", c_int32),
         ("backward_overwrites_saved", c_int32),
+        ("load_balance_coeff", c_double),
+        ("z_loss_coeff", c_double),
     ]
 
 
@@ -93,6 +95,7 @@ class MoeFwdArgs(ctypes.Structure):
         [("struct_size", c_size_t)]
         + _tensors("x", "w_router", "router_bias", "w1", "b1", "w2", "b2", "out", "scores", "indices", "counts")
         + [("beta_out", c_double)]
+        + _tensors("load_balance_loss", "z_loss")
     )
 
 
@@ -102,6 +105,7 @@ class MoeBwdArgs(ctypes.Structure):
         + _tensors("x", "dout", "w_router", "w1", "w2", "b2", "dx", "dw_router", "dw1", "db1", "dw2", "db2")
         + [("compute_input_grad", c_int32), ("compute_weight_grad", c_int32)]
         + [(name, c_double) for name in ("beta_dx", "beta_dw_router", "beta_dw1", "beta_db1", "beta_dw2", "beta_db2")]
+        + _tensors("dload_balance_loss", "dz_loss")
     )
 
 

@@ -27,6 +27,9 @@ GLU_LAYOUTS = {"concat": 0, "interleaved": 1}
 Routing = collections.namedtuple("Routing", ["scores", "indices", "counts"])
 Routing.__doc__ = ("The MoE layer's routing: scores [T, K] fp32 and indices [T, K] int64 (global expert ids) in "
                    "selection order, counts [router_experts] int32 (pairs per expert, before dropping).")
+AuxLosses = collections.namedtuple("AuxLosses", ["load_balance", "z"])
+AuxLosses.__doc__ = ("The router's auxiliary losses (docs/math.md section 1.1), 0-dim fp32 tensors with gradients "
+                     "through the router: 0 for a loss whose coefficient is 0.")
 Selection = collections.namedtuple("Selection", ["groups", "counts"])
 Selection.__doc__ = "The sparse FFN's selection: groups [T, kg] int32, counts [F/G] int32 (tokens per group)."
 Dispatch = collections.namedtuple("Dispatch", ["expert_offsets", "gather_idx", "pair_idx", "grouped_pos"])
@@ -63,7 +66,7 @@ class _LayerSpec:
     those of them that have a gradient, `bwd_inputs` those the backward reads besides the output gradient."""
 
     def __init__(self, name, c_name, desc_type, desc_init, fwd_type, bwd_type, inputs, weights, bwd_inputs, out,
-                 extras, int_options, float_options, desc_fields, extra_outputs):
+                 extras, int_options, float_options, desc_fields, extra_outputs, losses=()):
         self.name = name
         self.create = "moekit_%s_plan_create" % c_name
         self.desc_type, self.desc_init = desc_type, desc_init
@@ -76,6 +79,8 @@ class _LayerSpec:
         self.int_options, self.float_options = int_options, float_options
         self.desc_fields = desc_fields
         self.extra_outputs = extra_outputs
+        # {extra output: its coefficient option}: the differentiable scalar extras, passed only while on.
+        self.losses = dict(losses)
 
     def plan(self, tensors, options, inference):
         x = tensors["x"]
@@ -102,12 +107,21 @@ def _moe_fields(t, options):
     return fields
 
 
+def _loss_dtype(x):
+    # fp64 in an fp64 plan (gradient checks on the reference backend), fp32 otherwise.
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
 def _moe_extras(t, options):
     x = t["x"]
     k = options["top_k"]
+    # The losses are 0-dim (moekit reads one element flat); zeros stand for a loss that is off.
+    loss_dtype = _loss_dtype(x)
     return dict(scores=x.new_empty((x.shape[0], k), dtype=torch.float32),
                 indices=x.new_empty((x.shape[0], k), dtype=torch.int64),
-                counts=x.new_empty((t["w_router"].shape[0],), dtype=torch.int32))
+                counts=x.new_empty((t["w_router"].shape[0],), dtype=torch.int32),
+                load_balance_loss=x.new_zeros((), dtype=loss_dtype),
+                z_loss=x.new_zeros((), dtype=loss_dtype))
 
 
 def _sparse_fields(t, options):
@@ -126,9 +140,11 @@ _EXPERT_OPTIONS = ("activation", "glu_layout", "weight_grad_dtype")
 MOE = _LayerSpec("moe", "moe", _capi.MoeDesc, "moekit_moe_desc_init", _capi.MoeFwdArgs, _capi.MoeBwdArgs,
                  inputs=("x", "w_router", "router_bias", "w1", "b1", "w2", "b2"),
                  weights=("w_router", "w1", "b1", "w2", "b2"), bwd_inputs=("x", "w_router", "w1", "w2", "b2"),
-                 out="out", extras=("scores", "indices", "counts"),
+                 out="out", extras=("scores", "indices", "counts", "load_balance_loss", "z_loss"),
                  int_options=("top_k", "router", "renormalize", "expert_begin") + _EXPERT_OPTIONS,
-                 float_options=("router_scale", "glu_limit"), desc_fields=_moe_fields, extra_outputs=_moe_extras)
+                 float_options=("router_scale", "glu_limit", "load_balance_coeff", "z_loss_coeff"),
+                 desc_fields=_moe_fields, extra_outputs=_moe_extras,
+                 losses=(("load_balance_loss", "load_balance_coeff"), ("z_loss", "z_loss_coeff")))
 EXPERTS = _LayerSpec("experts", "experts", _capi.MoeDesc, "moekit_moe_desc_init", _capi.ExpertsFwdArgs,
                      _capi.ExpertsBwdArgs, inputs=("x", "offsets", "w1", "b1", "w2", "b2"),
                      weights=("w1", "b1", "w2", "b2"), bwd_inputs=("x", "offsets", "w1", "w2"), out="y", extras=(),
@@ -162,16 +178,19 @@ def forward_impl(spec, tensors, options, training):
         setattr(args, name, _runtime.view(tensors[name]))
     setattr(args, spec.out, _runtime.view(out))
     for name, tensor in extras.items():
-        setattr(args, name, _runtime.view(tensor))
+        if name not in spec.losses or options[spec.losses[name]] != 0:
+            setattr(args, name, _runtime.view(tensor.view(1) if name in spec.losses else tensor))
     _runtime.run(plan, spec.forward, args, _pointer(saved), saved.numel(), _pointer(workspace), workspace.numel(),
                  device=x.device)
     return out, saved, [extras[name] for name in spec.extras]
 
 
-def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, grad_into=None):
+def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, grad_into=None, loss_grads=None):
     """The gradients (dx, {weight: grad}) of the forward that filled `saved`: None for those not asked for. A weight
-    named in `grad_into` has its gradient added (beta = 1) to that tensor, which is then its gradient."""
+    named in `grad_into` has its gradient added (beta = 1) to that tensor, which is then its gradient. loss_grads:
+    {loss: the gradient of that scalar output}; a loss without one has a gradient of 0."""
     grad_into = grad_into or {}
+    loss_grads = loss_grads or {}
     plan = spec.plan(tensors, options, inference=False)
     x = tensors["x"]
     workspace = _runtime.buffer(plan.workspace_bytes, x.device)
@@ -194,6 +213,12 @@ def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, 
         setattr(args, "d" + name, _runtime.view(grads[name]))
     args.compute_input_grad = int(input_grad)
     args.compute_weight_grad = int(weight_grad)
+    for name, coeff in spec.losses.items():
+        if options[coeff] != 0:
+            grad = loss_grads.get(name)
+            dtype = _loss_dtype(x)
+            grad = x.new_zeros(1, dtype=dtype) if grad is None else grad.reshape(1).to(dtype).contiguous()
+            setattr(args, "d" + name, _runtime.view(grad))
     _runtime.run(plan, spec.backward, args, _pointer(saved), saved.numel(), _pointer(workspace), workspace.numel(),
                  device=x.device)
     return dx, grads
@@ -221,11 +246,11 @@ class LayerFunction(torch.autograd.Function):
         ctx.spec, ctx.options, ctx.owners = spec, options, owners
         ctx.present = [t is not None for t in inputs]
         ctx.save_for_backward(saved, *[t for t in inputs if t is not None])
-        ctx.mark_non_differentiable(*extras)
+        ctx.mark_non_differentiable(*[t for name, t in zip(spec.extras, extras) if name not in spec.losses])
         return (out, *extras)
 
     @staticmethod
-    def backward(ctx, dout, *_dextras):
+    def backward(ctx, dout, *dextras):
         spec = ctx.spec
         saved, *present = ctx.saved_tensors
         present = iter(present)
@@ -234,8 +259,9 @@ class LayerFunction(torch.autograd.Function):
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[3:]))
         fused = {name: owner.main_grad for name, owner in ctx.owners.items() if needs[name]}
         weight_grad = any(needs[name] for name in spec.weights)
+        loss_grads = {name: g for name, g in zip(spec.extras, dextras) if name in spec.losses}
         dx, grads = backward_impl(spec, _dense(dout), tensors, saved, ctx.options, needs["x"], weight_grad,
-                                  fused)
+                                  fused, loss_grads)
         result = {"x": dx if needs["x"] else None}
         for name in spec.weights:
             if needs[name]:
@@ -244,8 +270,9 @@ class LayerFunction(torch.autograd.Function):
 
 
 # Custom ops have one signature for every layer: x and up to six more tensors (absent ones None), the options as two
-# lists; the forward returns out, saved and up to three extra outputs (empty where a layer has fewer).
-_SLOTS, _EXTRA_SLOTS = 7, 3
+# lists; the forward returns out, saved and up to five extra outputs (empty where a layer has fewer), the backward
+# takes the gradients of the loss outputs (None where a layer has none).
+_SLOTS, _EXTRA_SLOTS = 7, 5
 
 
 def _padded(values, length):
@@ -262,7 +289,8 @@ def _register_custom_ops(spec):
     def forward_op(x: torch.Tensor, t1: Optional[torch.Tensor], t2: Optional[torch.Tensor],
                    t3: Optional[torch.Tensor], t4: Optional[torch.Tensor], t5: Optional[torch.Tensor],
                    t6: Optional[torch.Tensor], int_options: List[int], float_options: List[float],
-                   training: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                   training: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor, torch.Tensor]:
         tensors = tensors_of((x, t1, t2, t3, t4, t5, t6))
         out, saved, extras = forward_impl(spec, tensors, spec.options(int_options, float_options), training)
         extras += [x.new_empty(0) for _ in range(_EXTRA_SLOTS - len(extras))]
@@ -282,20 +310,23 @@ def _register_custom_ops(spec):
     @torch.library.custom_op("moekit::%s_backward" % spec.name, mutates_args=())
     def backward_op(dout: torch.Tensor, saved: torch.Tensor, x: torch.Tensor, t1: Optional[torch.Tensor],
                     t2: Optional[torch.Tensor], t3: Optional[torch.Tensor], t4: Optional[torch.Tensor],
-                    t5: Optional[torch.Tensor], t6: Optional[torch.Tensor], int_options: List[int],
-                    float_options: List[float], input_grad: bool,
+                    t5: Optional[torch.Tensor], t6: Optional[torch.Tensor], dloss1: Optional[torch.Tensor],
+                    dloss2: Optional[torch.Tensor], int_options: List[int], float_options: List[float],
+                    input_grad: bool,
                     weight_grad: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                                 torch.Tensor, torch.Tensor]:
         tensors = tensors_of((x, t1, t2, t3, t4, t5, t6))
+        loss_grads = dict(zip(spec.losses, (dloss1, dloss2)))
         dx, grads = backward_impl(spec, dout, tensors, saved, spec.options(int_options, float_options), input_grad,
-                                  weight_grad)
+                                  weight_grad, loss_grads=loss_grads)
         grads["x"] = dx
         # Custom ops return tensors, never None: an empty tensor stands for a gradient not asked for.
         return tuple(grads.get(name) if grads.get(name) is not None else x.new_empty(0)
                      for name in _padded(spec.inputs, _SLOTS))
 
     @backward_op.register_fake
-    def _(dout, saved, x, t1, t2, t3, t4, t5, t6, int_options, float_options, input_grad, weight_grad):
+    def _(dout, saved, x, t1, t2, t3, t4, t5, t6, dloss1, dloss2, int_options, float_options, input_grad,
+          weight_grad):
         tensors = tensors_of((x, t1, t2, t3, t4, t5, t6))
         wanted = {name: weight_grad and tensors[name] is not None for name in spec.weights}
         wanted["x"] = input_grad
@@ -308,13 +339,14 @@ def _register_custom_ops(spec):
         ctx.present = [t is not None for t in tensors]
         ctx.save_for_backward(output[1], *[t for t in tensors if t is not None])
 
-    def backward(ctx, dout, *_):
+    def backward(ctx, dout, _dsaved, *dextras):
         saved, *present = ctx.saved_tensors
         present = iter(present)
         tensors = [next(present) if here else None for here in ctx.present]
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[:_SLOTS]))
         weight_grad = any(needs[name] for name in spec.weights)
-        grads = backward_op(_dense(dout), saved, *tensors, ctx.int_options, ctx.float_options, needs["x"],
+        dlosses = _padded([g for name, g in zip(spec.extras, dextras) if name in spec.losses], 2)
+        grads = backward_op(_dense(dout), saved, *tensors, *dlosses, ctx.int_options, ctx.float_options, needs["x"],
                             weight_grad)
         differentiable = ("x",) + spec.weights
         return tuple(g if needs.get(name) and name in differentiable else None
@@ -369,9 +401,15 @@ def _apply(spec, tensors, options, fused):
 
 def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", renormalize=False,
         router_scale=1.0, router_bias=None, activation="swiglu", glu_layout="concat", glu_limit=7.0, expert_begin=0,
-        fuse_wgrad_accumulation=False, return_routing=False):
+        fuse_wgrad_accumulation=False, return_routing=False, load_balance_coeff=0.0, z_loss_coeff=0.0,
+        return_aux_losses=False):
     """The MoE layer: x [T, H], w_router [router_experts, H], w1 [E, 2I, H] ([E, I, H] for a non-gated activation),
-    w2 [E, H, I], optional biases b1 [E, 2I] and b2 [E, H] -> out [T, H]; with return_routing, (out, Routing).
+    w2 [E, H, I], optional biases b1 [E, 2I] and b2 [E, H] -> out [T, H]; with return_routing, (out, Routing); with
+    return_aux_losses, AuxLosses comes last ((out, AuxLosses) or (out, Routing, AuxLosses)).
+
+    load_balance_coeff, z_loss_coeff (0 = off): the router's load-balancing loss (softmax router kinds only) and
+    z-loss, docs/math.md section 1.1. Add the returned AuxLosses to the training loss: their gradients reach
+    w_router and x through moekit's router backward.
 
     router: "softmax_topk" (softmax over the top-k logits), "topk_softmax" (top-k of the softmax), "topk" (of the
     logits as they are) or "sigmoid" (with an optional fp32 selection bias router_bias [router_experts] and the
@@ -383,10 +421,12 @@ def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", 
     options = dict(top_k=top_k, router=_choice("router", router, ROUTERS), renormalize=int(bool(renormalize)),
                    expert_begin=expert_begin, activation=_choice("activation", activation, ACTIVATIONS),
                    glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), router_scale=router_scale,
-                   glu_limit=glu_limit)
+                   glu_limit=glu_limit, load_balance_coeff=float(load_balance_coeff), z_loss_coeff=float(z_loss_coeff))
     tensors = dict(x=x, w_router=w_router, router_bias=router_bias, w1=w1, b1=b1, w2=w2, b2=b2)
-    out, scores, indices, counts = _apply(MOE, tensors, options, fuse_wgrad_accumulation)
-    return (out, Routing(scores, indices, counts)) if return_routing else out
+    out, scores, indices, counts, lb_loss, z_loss = _apply(MOE, tensors, options, fuse_wgrad_accumulation)
+    result = (out,) + ((Routing(scores, indices, counts),) if return_routing else ())
+    result += (AuxLosses(lb_loss, z_loss),) if return_aux_losses else ()
+    return result if len(result) > 1 else out
 
 
 def offsets_from_counts(counts):

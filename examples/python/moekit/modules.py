@@ -61,13 +61,15 @@ class MoELayer(_ExpertWeights):
     experts expert_begin .. expert_begin + experts - 1 (expert parallelism: pairs routed to other experts are
     dropped). router_bias=True (sigmoid router) keeps an fp32 selection bias `router_bias` and its `router_bias_ema`
     as buffers, moved by update_router_bias. Runs on CPU tensors (moekit's reference backend) and CUDA tensors (the
-    CUDA backend). The options are those of moekit.functional.moe."""
+    CUDA backend). The options are those of moekit.functional.moe; with load_balance_coeff or z_loss_coeff set,
+    forward(x, return_aux_losses=True) also returns the router's AuxLosses for the training loss."""
 
     FP32_BUFFERS = ("router_bias", "router_bias_ema")
 
     def __init__(self, hidden, intermediate, experts, top_k, device=None, dtype=None, *, router="softmax_topk",
                  renormalize=False, router_scale=1.0, router_bias=False, activation="swiglu", glu_layout="concat",
-                 glu_limit=7.0, bias=False, router_experts=None, expert_begin=0, fuse_wgrad_accumulation=False):
+                 glu_limit=7.0, bias=False, router_experts=None, expert_begin=0, fuse_wgrad_accumulation=False,
+                 load_balance_coeff=0.0, z_loss_coeff=0.0):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         functional._choice("router", router, functional.ROUTERS)
@@ -76,6 +78,7 @@ class MoELayer(_ExpertWeights):
         router_experts = experts if router_experts is None else router_experts
         self.top_k, self.router, self.renormalize, self.router_scale = top_k, router, renormalize, router_scale
         self.expert_begin, self.fuse_wgrad_accumulation = expert_begin, fuse_wgrad_accumulation
+        self.load_balance_coeff, self.z_loss_coeff = load_balance_coeff, z_loss_coeff
         self.w_router = _uniform((router_experts, hidden), hidden, factory)
         self._init_experts(hidden, intermediate, experts, activation, glu_layout, glu_limit, bias, factory)
         if router_bias:
@@ -84,15 +87,18 @@ class MoELayer(_ExpertWeights):
         else:
             self.router_bias = None
 
-    def forward(self, x, return_routing=False):
-        """out with x's shape; with return_routing, (out, Routing) over the flattened tokens."""
+    def forward(self, x, return_routing=False, return_aux_losses=False):
+        """out with x's shape; with return_routing, (out, Routing) over the flattened tokens; with
+        return_aux_losses, AuxLosses comes last."""
         tokens = x.reshape(-1, x.shape[-1])
         result = functional.moe(tokens, self.w_router, self.w1, self.w2, self.top_k, router=self.router,
                                 renormalize=self.renormalize, router_scale=self.router_scale,
                                 router_bias=self.router_bias, expert_begin=self.expert_begin,
-                                return_routing=return_routing, **self._expert_options())
-        if return_routing:
-            return result[0].reshape(x.shape), result[1]
+                                return_routing=return_routing, load_balance_coeff=self.load_balance_coeff,
+                                z_loss_coeff=self.z_loss_coeff, return_aux_losses=return_aux_losses,
+                                **self._expert_options())
+        if return_routing or return_aux_losses:
+            return (result[0].reshape(x.shape),) + tuple(result[1:])
         return result.reshape(x.shape)
 
     def update_router_bias(self, counts, tokens, *, momentum=0.99, gamma=1e-3, bias_max=0.5):
@@ -104,8 +110,11 @@ class MoELayer(_ExpertWeights):
                                        momentum=momentum, gamma=gamma, bias_max=bias_max)
 
     def extra_repr(self):
-        return "%s, top_k=%d, router=%s, router_experts=%d, expert_begin=%d" % (
+        text = "%s, top_k=%d, router=%s, router_experts=%d, expert_begin=%d" % (
             self._expert_repr(), self.top_k, self.router, self.w_router.shape[0], self.expert_begin)
+        if self.load_balance_coeff or self.z_loss_coeff:
+            text += ", load_balance_coeff=%g, z_loss_coeff=%g" % (self.load_balance_coeff, self.z_loss_coeff)
+        return text
 
 
 class Experts(_ExpertWeights):

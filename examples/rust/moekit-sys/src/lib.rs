@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_void};
 // ------------------------------------------------------------------------------------------------------------------
 
 pub const MOEKIT_VERSION_MAJOR: i32 = 0;
-pub const MOEKIT_VERSION_MINOR: i32 = 1;
+pub const MOEKIT_VERSION_MINOR: i32 = 2;
 pub const MOEKIT_VERSION_PATCH: i32 = 0;
 pub const MOEKIT_VERSION_NUMBER: i32 = MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH;
 
@@ -177,6 +177,8 @@ pub struct moekit_router_desc_t {
     pub renormalize: i32,
     pub scale: f64,
     pub dtype: i32,
+    pub load_balance_coeff: f64,
+    pub z_loss_coeff: f64,
 }
 
 #[repr(C)]
@@ -188,6 +190,8 @@ pub struct moekit_router_fwd_args_t {
     pub scores: moekit_tensor_t,
     pub indices: moekit_tensor_t,
     pub counts: moekit_tensor_t,
+    pub load_balance_loss: moekit_tensor_t,
+    pub z_loss: moekit_tensor_t,
 }
 
 #[repr(C)]
@@ -199,6 +203,8 @@ pub struct moekit_router_bwd_args_t {
     pub dscores: moekit_tensor_t,
     pub dlogits: moekit_tensor_t,
     pub accumulate: i32,
+    pub dload_balance_loss: moekit_tensor_t,
+    pub dz_loss: moekit_tensor_t,
 }
 
 // ----------------------------------------------------------------------------------------------------
@@ -407,6 +413,8 @@ pub struct moekit_moe_desc_t {
     pub dtype: i32,
     pub weight_grad_dtype: i32,
     pub backward_overwrites_saved: i32,
+    pub load_balance_coeff: f64,
+    pub z_loss_coeff: f64,
 }
 
 #[repr(C)]
@@ -425,6 +433,8 @@ pub struct moekit_moe_fwd_args_t {
     pub indices: moekit_tensor_t,
     pub counts: moekit_tensor_t,
     pub beta_out: f64,
+    pub load_balance_loss: moekit_tensor_t,
+    pub z_loss: moekit_tensor_t,
 }
 
 #[repr(C)]
@@ -451,6 +461,8 @@ pub struct moekit_moe_bwd_args_t {
     pub beta_db1: f64,
     pub beta_dw2: f64,
     pub beta_db2: f64,
+    pub dload_balance_loss: moekit_tensor_t,
+    pub dz_loss: moekit_tensor_t,
 }
 
 // ----------------------------------------------------------------------------------------------------

@@ -82,6 +82,10 @@ pub struct MoeConfig {
     pub dtype: Dtype,
     /// dWr, dW1, db1, dW2, db2: the layer dtype (None) or fp32.
     pub weight_grad_dtype: Option<Dtype>,
+    /// The router's load-balancing loss (docs/math.md section 1.1): 0 = off; softmax router kinds only.
+    pub load_balance_coeff: f64,
+    /// The router z-loss: 0 = off.
+    pub z_loss_coeff: f64,
 }
 
 impl MoeConfig {
@@ -102,6 +106,8 @@ impl MoeConfig {
             inference: false,
             dtype: Dtype::Bf16,
             weight_grad_dtype: None,
+            load_balance_coeff: 0.0,
+            z_loss_coeff: 0.0,
         }
     }
 
@@ -146,6 +152,8 @@ impl MoeConfig {
         desc.inference = i32::from(self.inference);
         desc.dtype = self.dtype.raw();
         desc.weight_grad_dtype = self.weight_grad_dtype.map_or(sys::MOEKIT_DTYPE_INVALID, Dtype::raw);
+        desc.load_balance_coeff = self.load_balance_coeff;
+        desc.z_loss_coeff = self.z_loss_coeff;
         Ok(desc)
     }
 }
@@ -173,24 +181,36 @@ impl<'a> MoeWeights<'a> {
 }
 
 /// What a forward writes: `out [T, H] = beta_out * out + layer(x)`, and optionally the routing it chose: scores
-/// [T, K] fp32, indices [T, K] int32/int64 (global expert ids), counts [router_experts] int32.
+/// [T, K] fp32, indices [T, K] int32/int64 (global expert ids), counts [router_experts] int32; and the auxiliary
+/// losses that are on, one fp32 element each (fp64 in an fp64 layer).
 pub struct MoeOutputs<'a> {
     pub out: TensorMut<'a>,
     pub scores: Option<TensorMut<'a>>,
     pub indices: Option<TensorMut<'a>>,
     pub counts: Option<TensorMut<'a>>,
     pub beta_out: f64,
+    pub load_balance_loss: Option<TensorMut<'a>>,
+    pub z_loss: Option<TensorMut<'a>>,
 }
 
 impl<'a> MoeOutputs<'a> {
     pub fn new(out: TensorMut<'a>) -> MoeOutputs<'a> {
-        MoeOutputs { out, scores: None, indices: None, counts: None, beta_out: 0.0 }
+        MoeOutputs {
+            out,
+            scores: None,
+            indices: None,
+            counts: None,
+            beta_out: 0.0,
+            load_balance_loss: None,
+            z_loss: None,
+        }
     }
 }
 
 /// What a backward writes. A present `dx` asks for the input gradient; any present weight gradient asks for all
 /// of them (dw_router, dw1, dw2, and db1 / db2 with biases). `grad = beta * grad + new`; beta 0 never reads the old
-/// value.
+/// value. With auxiliary losses on, their gradients enter dx and dw_router, scaled by the losses' upstream gradients
+/// (one element each; None = 1).
 #[derive(Default)]
 pub struct MoeGradients<'a> {
     pub dx: Option<TensorMut<'a>>,
@@ -205,6 +225,8 @@ pub struct MoeGradients<'a> {
     pub beta_db1: f64,
     pub beta_dw2: f64,
     pub beta_db2: f64,
+    pub dload_balance_loss: Option<Tensor<'a>>,
+    pub dz_loss: Option<Tensor<'a>>,
 }
 
 /// The activations a forward saves for its backward (`moekit_plan_saved_size` bytes; empty in inference mode).
@@ -275,6 +297,8 @@ impl<'h> MoeLayer<'h> {
         args.indices = raw_mut_or_absent(outputs.indices.as_ref());
         args.counts = raw_mut_or_absent(outputs.counts.as_ref());
         args.beta_out = outputs.beta_out;
+        args.load_balance_loss = raw_mut_or_absent(outputs.load_balance_loss.as_ref());
+        args.z_loss = raw_mut_or_absent(outputs.z_loss.as_ref());
         // SAFETY: every view covers memory borrowed for this call (inputs shared, outputs exclusive); the library
         // checks their shapes against the plan and writes only the outputs, `saved` and the workspace, whose sizes
         // are passed. The reference backend computes synchronously, so nothing outlives the call.
@@ -325,6 +349,8 @@ impl<'h> MoeLayer<'h> {
         args.beta_db1 = gradients.beta_db1;
         args.beta_dw2 = gradients.beta_dw2;
         args.beta_db2 = gradients.beta_db2;
+        args.dload_balance_loss = raw_or_absent(gradients.dload_balance_loss.as_ref());
+        args.dz_loss = raw_or_absent(gradients.dz_loss.as_ref());
         // SAFETY: as in forward; `saved` is only read.
         check(unsafe {
             sys::moekit_moe_backward(
