@@ -49,7 +49,7 @@ extern "C" {
 /* ------------------------------------------------------------------------------------------------ */
 
 #define MOEKIT_VERSION_MAJOR 0
-#define MOEKIT_VERSION_MINOR 1
+#define MOEKIT_VERSION_MINOR 2
 #define MOEKIT_VERSION_PATCH 0
 /* MAJOR*10000 + MINOR*100 + PATCH; this encoding never changes. */
 #define MOEKIT_VERSION_NUMBER (MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH)
@@ -66,6 +66,7 @@ typedef enum moekit_status {
   MOEKIT_SUCCESS = 0,
   /* 1xx: the request is malformed — fix the call. */
   MOEKIT_STATUS_INVALID_VALUE = 100,
+  MOEKIT_STATUS_VALIDATION_FAILED = 101, /* a handle with MOEKIT_HANDLE_VALIDATE found a bad value in a tensor */
   /* 2xx: a valid request this build or device cannot serve — a framework may fall back. */
   MOEKIT_STATUS_NOT_SUPPORTED = 200,
   /* 3xx: resources. */
@@ -150,8 +151,34 @@ typedef enum moekit_backend {
 } moekit_backend_t;
 
 enum {
-  /* Reserved for a validation mode (checks of indices, offsets and NaN values on the device); this version refuses
-     a handle that asks for it with MOEKIT_STATUS_NOT_SUPPORTED. */
+  /* Validation mode: every run function (and moekit_load_balance_update) also checks the VALUES of its tensors,
+   * which the argument checks of the host cannot see, and answers the first bad one with
+   * MOEKIT_STATUS_VALIDATION_FAILED. Checked:
+   *  - expert ids: the router backward's indices in [0, E); token-experts topk_idx in [-1, E) (-1 = "not on this
+   *    rank"; other ids outside [0, E), dropped silently without the flag, fail); dispatch indices >= -1 (ids of
+   *    other ranks' experts are valid there);
+   *  - offsets (expert offsets, tok_offsets): entry 0 is 0, no entry is below the one before, and the last entry
+   *    (the count of rows or pairs they claim) is at most the rows P of the tensors they index;
+   *  - positions: gather_idx in [0, S) (the gathered source's rows: T), pair_idx in [0, P), grouped_pos in [-1, P),
+   *    for the rows below offsets[E] where an offsets tensor says which rows are valid; subsample_rows of group g in
+   *    [g*G, (g+1)*G);
+   *  - NaN and infinite values in every floating-point input (logits may hold -inf, which masks an expert), and,
+   *    after the computation, in every floating-point output. Grouped tensors are checked only in the rows the call
+   *    reads or writes (below offsets[E], or the rows grouped_pos / pair_idx name), never in rows past them.
+   * When: at the end of the call, which synchronises its stream. The inputs are checked first; when one fails, the
+   * operation is not run and nothing is written. Otherwise the operation runs, its outputs are checked, and a NaN or
+   * infinite output also returns VALIDATION_FAILED (the outputs then hold what the operation wrote). The first
+   * failure is the first tensor in the order of the argument struct (inputs, then outputs), then its first element
+   * in row-major order; the message names the tensor, the element and the rule broken, e.g.
+   * "topk_idx: element [3, 1] is outside [-1, 8)" or "out: element [0, 5] is NaN".
+   * Cost: the checks read every checked tensor once, and a call synchronises its stream up to twice (a debug mode,
+   * not for production runs; docs/reliability.md says how to measure the cost). A CUDA handle with the flag owns a
+   * few bytes of device and pinned host memory for the failure record. A validating call cannot be captured in a
+   * CUDA graph: on a capturing stream it returns NOT_SUPPORTED and enqueues nothing, so the capture stays valid.
+   * Without the flag nothing is checked on the device, and no value makes a CUDA handle read or write out of
+   * bounds: each tensor's comment says whether a bad entry is skipped or clamped. A reference handle reads the
+   * values on the host anyway and answers bad offsets and positions with INVALID_VALUE, with or without the flag
+   * (with the flag, VALIDATION_FAILED comes first). */
   MOEKIT_HANDLE_VALIDATE = 1u << 0
 };
 
@@ -166,7 +193,7 @@ typedef struct moekit_handle_desc {
 MOEKIT_API moekit_status_t moekit_handle_desc_init(moekit_handle_desc_t* desc);
 
 /* Creates a handle. NOT_SUPPORTED for a CUDA handle when this build has no CUDA or the device is not sm_90.
- * A handle is cheap; it owns no device memory. */
+ * A handle is cheap; it owns no device memory (with MOEKIT_HANDLE_VALIDATE: a few bytes for its failure record). */
 MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc, moekit_handle_t* handle);
 /* Accepts NULL. The plans created from a handle must be destroyed before it. */
 MOEKIT_API moekit_status_t moekit_handle_destroy(moekit_handle_t handle);
