@@ -1,5 +1,6 @@
 #include "capi/value_checks.h"
 
+#include <limits>
 #include <string>
 
 #include "capi/validate.h"
@@ -45,8 +46,9 @@ std::string fault_text(const ValueCheck& c, uint64_t position, uint32_t fault) {
       int64_t row_width = 1;
       for (int32_t i = 1; i < c.tensor.rank; ++i) row_width *= c.tensor.shape[i];
       const int64_t row = static_cast<int64_t>(position) / (row_width > 0 ? row_width : 1);
-      return at + " is outside [" + std::to_string(c.lo + row * c.shift) + ", " + std::to_string(c.hi + row * c.shift) +
-             ")";
+      const std::string lo = std::to_string(c.lo + row * c.shift);
+      if (c.hi == std::numeric_limits<int64_t>::max()) return at + " is below " + lo;
+      return at + " is outside [" + lo + ", " + std::to_string(c.hi + row * c.shift) + ")";
     }
     case kFaultFirstNotZero: return "entry 0 is not 0 (offsets start at 0)";
     case kFaultDecreasing:

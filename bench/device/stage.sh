@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the build machine (no GPU needed): packs what bench/device/run_all.sh needs on the GPU machine into DEST,
 # a folder inside the repository that git ignores (build*/), small enough (~6 MB) to copy to the GPU machine with
-# the repository: moekit-bench and libmoekit.so.0.1 of a CUDA build, stripped, in one gzip archive, and the commit
+# the repository: moekit-bench and libmoekit.so.0.2 of a CUDA build, stripped, in one gzip archive, and the commit
 # they were built from.
 #   bench/device/stage.sh BUILD_DIR DEST
 # BUILD_DIR: a CUDA build of this checkout with the targets moekit-bench and moekit built, e.g.
@@ -10,7 +10,7 @@ set -euo pipefail
 build=${1:?usage: stage.sh BUILD_DIR DEST}
 dest=${2:?usage: stage.sh BUILD_DIR DEST}
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-for file in moekit-bench libmoekit.so.0.1; do
+for file in moekit-bench libmoekit.so.0.2; do
   [[ -f $build/$file ]] || { echo "stage.sh: $build/$file is missing (build the targets moekit-bench and moekit)" >&2; exit 1; }
 done
 # A message that only the CUDA backend's code path prints (main.cpp) tells a CUDA build from a reference-only one.
@@ -20,8 +20,8 @@ grep -aq 'measuring the ceilings' "$build/moekit-bench" ||
 staging=$(mktemp -d)
 trap 'rm -rf "$staging"' EXIT
 cp "$build/moekit-bench" "$staging/"
-cp -L "$build/libmoekit.so.0.1" "$staging/"
-strip "$staging/moekit-bench" "$staging/libmoekit.so.0.1"
+cp -L "$build/libmoekit.so.0.2" "$staging/"
+strip "$staging/moekit-bench" "$staging/libmoekit.so.0.2"
 
 # The commit the binary reports (taken when CMake configured the build) must be the one being staged, or the
 # tables would name the wrong code. The reference backend runs here without a GPU.

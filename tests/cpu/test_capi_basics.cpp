@@ -37,12 +37,13 @@ std::string fail_with_null_plan() {
 TEST_CASE("version: the number encodes MAJOR*10000 + MINOR*100 + PATCH and matches the header", "[capi]") {
   CHECK(moekit_get_version() == MOEKIT_VERSION_NUMBER);
   CHECK(MOEKIT_VERSION_NUMBER == MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH);
-  CHECK(moekit_get_version() == 100);  // 0.1.0
+  CHECK(moekit_get_version() == 200);  // 0.2.0
 }
 
 TEST_CASE("status strings name every status, and unknown values say so", "[capi]") {
   CHECK(std::string(moekit_status_string(MOEKIT_SUCCESS)) == "MOEKIT_SUCCESS");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_INVALID_VALUE)) == "MOEKIT_STATUS_INVALID_VALUE");
+  CHECK(std::string(moekit_status_string(MOEKIT_STATUS_VALIDATION_FAILED)) == "MOEKIT_STATUS_VALIDATION_FAILED");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_NOT_SUPPORTED)) == "MOEKIT_STATUS_NOT_SUPPORTED");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_INSUFFICIENT_WORKSPACE)) ==
         "MOEKIT_STATUS_INSUFFICIENT_WORKSPACE");

@@ -15,7 +15,7 @@ import threading
 c_int32, c_int64, c_uint32, c_uint64 = ctypes.c_int32, ctypes.c_int64, ctypes.c_uint32, ctypes.c_uint64
 c_size_t, c_double, c_void_p = ctypes.c_size_t, ctypes.c_double, ctypes.c_void_p
 
-VERSION_MAJOR, VERSION_MINOR = 0, 1
+VERSION_MAJOR, VERSION_MINOR = 0, 2
 SONAME = "libmoekit.so.%d.%d" % (VERSION_MAJOR, VERSION_MINOR)  # 0.MINOR while MAJOR is 0
 BUNDLED = os.path.join(os.path.dirname(os.path.abspath(__file__)), SONAME)
 
@@ -25,7 +25,9 @@ except ImportError:
     _build_info = None
 
 SUCCESS = 0
+STATUS_VALIDATION_FAILED = 101
 STATUS_NOT_SUPPORTED = 200
+HANDLE_VALIDATE = 1
 
 DTYPE_BF16, DTYPE_FP16, DTYPE_FP32, DTYPE_FP64, DTYPE_INT32, DTYPE_INT64 = 1, 2, 3, 4, 5, 6
 DEVICE_CPU, DEVICE_CUDA = 1, 2
@@ -246,6 +248,10 @@ class NotSupportedError(MoekitError):
     """MOEKIT_STATUS_NOT_SUPPORTED: a valid request this build or device cannot serve (a caller may fall back)."""
 
 
+class ValidationError(MoekitError):
+    """MOEKIT_STATUS_VALIDATION_FAILED: a handle made with MOEKIT_HANDLE_VALIDATE found a bad value in a tensor."""
+
+
 _P = ctypes.POINTER
 _status = c_int32
 # name: (argument types); every function here returns moekit_status_t unless listed in _RESTYPES.
@@ -355,8 +361,8 @@ def load(path=None):
 
 
 def check(status):
-    """Raises MoekitError (NotSupportedError for NOT_SUPPORTED) unless status is success; the message is this
-    thread's last error, read at once since it is thread-local."""
+    """Raises MoekitError (NotSupportedError for NOT_SUPPORTED, ValidationError for VALIDATION_FAILED) unless status
+    is success; the message is this thread's last error, read at once since it is thread-local."""
     if status == SUCCESS:
         return
     lib = load()
@@ -364,7 +370,7 @@ def check(status):
     buffer = ctypes.create_string_buffer(length + 1)
     lib.moekit_get_last_error(buffer, length + 1)
     name = lib.moekit_status_string(status).decode()
-    error = NotSupportedError if status == STATUS_NOT_SUPPORTED else MoekitError
+    error = {STATUS_NOT_SUPPORTED: NotSupportedError, STATUS_VALIDATION_FAILED: ValidationError}.get(status, MoekitError)
     raise error(status, name, buffer.value.decode(errors="replace"))
 
 

@@ -17,7 +17,7 @@ use std::os::raw::{c_char, c_void};
 // ------------------------------------------------------------------------------------------------------------------
 
 pub const MOEKIT_VERSION_MAJOR: i32 = 0;
-pub const MOEKIT_VERSION_MINOR: i32 = 1;
+pub const MOEKIT_VERSION_MINOR: i32 = 2;
 pub const MOEKIT_VERSION_PATCH: i32 = 0;
 pub const MOEKIT_VERSION_NUMBER: i32 = MOEKIT_VERSION_MAJOR * 10000 + MOEKIT_VERSION_MINOR * 100 + MOEKIT_VERSION_PATCH;
 
@@ -34,6 +34,7 @@ pub struct moekit_status_t(pub i32);
 
 pub const MOEKIT_SUCCESS: moekit_status_t = moekit_status_t(0);
 pub const MOEKIT_STATUS_INVALID_VALUE: moekit_status_t = moekit_status_t(100);
+pub const MOEKIT_STATUS_VALIDATION_FAILED: moekit_status_t = moekit_status_t(101);
 pub const MOEKIT_STATUS_NOT_SUPPORTED: moekit_status_t = moekit_status_t(200);
 pub const MOEKIT_STATUS_INSUFFICIENT_WORKSPACE: moekit_status_t = moekit_status_t(300);
 pub const MOEKIT_STATUS_OUT_OF_MEMORY: moekit_status_t = moekit_status_t(301);
