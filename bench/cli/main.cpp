@@ -157,7 +157,7 @@ int run(const Options& options, int argc, char** argv) {
 
   // The oracle of --check: the reference backend; on the reference backend a second handle with one thread.
   std::unique_ptr<Platform> oracle_platform = make_host_platform(cuda ? 0 : 1);
-  Handle oracle(MOEKIT_BACKEND_REFERENCE, cuda ? 0 : 1);
+  Handle oracle(MOEKIT_BACKEND_REFERENCE, cuda ? 0 : 1, false);
   const std::string against = cuda ? "reference backend" : "reference backend, 1 thread";
 
   std::vector<CaseResult> results;

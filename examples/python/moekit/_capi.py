@@ -374,11 +374,12 @@ def check(status):
     raise error(status, name, buffer.value.decode(errors="replace"))
 
 
-def create_handle(backend, device_index):
-    """A moekit_handle_t (as a c_void_p) for the backend and device. A CUDA handle that this build or device cannot
-    serve raises NotSupportedError whose message adds what the package's own library was built for."""
+def create_handle(backend, device_index, flags=0):
+    """A moekit_handle_t (as a c_void_p) for the backend and device; flags HANDLE_VALIDATE for the validation mode.
+    A CUDA handle that this build or device cannot serve raises NotSupportedError whose message adds what the
+    package's own library was built for."""
     desc = initialised(HandleDesc, "moekit_handle_desc_init")
-    desc.backend, desc.device_index = backend, device_index
+    desc.backend, desc.device_index, desc.flags = backend, device_index, flags
     raw = c_void_p()
     try:
         check(load().moekit_handle_create(ctypes.byref(desc), ctypes.byref(raw)))
