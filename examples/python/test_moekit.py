@@ -96,8 +96,8 @@ class Bindings(unittest.TestCase):
         for name, struct in _capi.STRUCTS.items():
             self.assertEqual(_capi.ctypes.sizeof(struct), sizes[name], name)
 
-    def test_the_loaded_library_is_version_0_1(self):
-        self.assertEqual(moekit.load().moekit_get_version() // 100, 1)
+    def test_the_loaded_library_is_version_0_2(self):
+        self.assertEqual(moekit.load().moekit_get_version() // 100, 2)
 
 
 def run_token_experts(x, topk_idx, topk_weights, w1, w2, dout):
