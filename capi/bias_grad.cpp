@@ -53,6 +53,33 @@ void check_db2_ds(const moekit_plan& plan, const moekit_db2_ds_args_t& a) {
   require_finite("beta", a.beta);
 }
 
+CallChecks db1_values(const moekit_plan&, const moekit_db1_args_t& a) {
+  CallChecks c;
+  add_offsets(c.inputs, "offsets", a.offsets, a.dh.shape[0]);
+  add_finite(c.inputs, "dh", a.dh, last_entry(a.offsets));
+  add_gradient(c, "db1", a.db1, true, a.beta);
+  return c;
+}
+
+CallChecks db2_ds_values(const moekit_plan&, const moekit_db2_ds_args_t& a) {
+  CallChecks c;
+  const RowBound valid = last_entry(a.offsets);
+  const moekit_tensor_t scores = flat_tensor(a.scores);
+  add_offsets(c.inputs, "offsets", a.offsets, a.gather_idx.shape[0]);
+  add_index_range(c.inputs, "gather_idx", a.gather_idx, 0, a.dout.shape[0], valid);
+  add_index_range(c.inputs, "pair_idx", a.pair_idx, 0, scores.shape[0], valid);
+  add_finite(c.inputs, "dout", a.dout);
+  add_finite(c.inputs, "scores", scores);
+  add_finite(c.inputs, "b2", a.b2);
+  if (is_present(a.dscores)) {
+    const moekit_tensor_t dscores = flat_tensor(a.dscores);
+    if (is_present(a.b2)) add_finite_via(c.inputs, "dscores", dscores, a.pair_idx, valid);
+    add_finite_via(c.outputs, "dscores", dscores, a.pair_idx, valid);
+  }
+  add_gradient(c, "db2", a.db2, is_present(a.db2), a.beta);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -86,16 +113,16 @@ MOEKIT_API moekit_status_t moekit_db2_ds_args_init(moekit_db2_ds_args_t* args) {
 
 MOEKIT_API moekit_status_t moekit_db1(moekit_plan_t plan, const moekit_db1_args_t* args, void* workspace,
                                       size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::bias_grad, args, "moekit_db1_args_init", workspace, workspace_bytes,
-                     check_db1, [&](const moekit_plan& p, const moekit_db1_args_t& a, moekit::Workspace ws) {
+  return run_checked(plan, moekit::OpKind::bias_grad, args, "moekit_db1_args_init", workspace, workspace_bytes, stream,
+                     check_db1, db1_values, [&](const moekit_plan& p, const moekit_db1_args_t& a, moekit::Workspace ws) {
                        backend_of(p).db1(p, a, ws, stream);
                      });
 }
 
 MOEKIT_API moekit_status_t moekit_db2_ds(moekit_plan_t plan, const moekit_db2_ds_args_t* args, void* workspace,
                                          size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::bias_grad, args, "moekit_db2_ds_args_init", workspace, workspace_bytes,
-                     check_db2_ds, [&](const moekit_plan& p, const moekit_db2_ds_args_t& a, moekit::Workspace ws) {
+  return run_checked(plan, moekit::OpKind::bias_grad, args, "moekit_db2_ds_args_init", workspace, workspace_bytes, stream,
+                     check_db2_ds, db2_ds_values, [&](const moekit_plan& p, const moekit_db2_ds_args_t& a, moekit::Workspace ws) {
                        backend_of(p).db2_ds(p, a, ws, stream);
                      });
 }

@@ -9,6 +9,7 @@
 #include "src/backend.h"
 #include "capi/translate.h"
 #include "capi/validate.h"
+#include "capi/value_checks.h"
 #include "cuda/common/status_error.h"
 #include "moekit/moekit.h"
 #include "src/plan.h"
@@ -64,29 +65,43 @@ void init_backward_args(BwdArgs* args) {
 }
 
 // The body of every run function: plan, argument struct, the operation's tensor checks (`check(plan, args)`),
-// workspace; then `call(plan, args, workspace)` (which checks a layer's saved buffer and calls the backend).
-template <class Args, class Check, class Call>
-moekit_status_t run_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
-                            void* workspace, size_t workspace_bytes, Check&& check, Call&& call) {
+// workspace, `saved_check(plan)` (a layer's saved buffer); then `call(plan, args, workspace)`, which calls the
+// backend. On a handle made with MOEKIT_HANDLE_VALIDATE, `values(plan, args)` lists the value checks run around it.
+template <class Args, class Check, class SavedCheck, class Values, class Call>
+moekit_status_t run_call(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function, void* workspace,
+                         size_t workspace_bytes, void* stream, Check&& check, SavedCheck&& saved_check,
+                         Values&& values, Call&& call) {
   return translate([&] {
     const moekit_plan& p = checked_plan(plan, kind);
     const Args& a = checked_struct("args", args, init_function);
     check(p, a);
     Workspace ws = checked_workspace(p, workspace, workspace_bytes);
-    call(p, a, ws);
+    saved_check(p);
+    if (!validating(*p.handle)) {
+      call(p, a, ws);
+      return;
+    }
+    run_validated(backend_of(p), values(p, a), stream, [&] { call(p, a, ws); });
   });
 }
 
-// The body of every layer run function: run_checked, with the saved buffer checked after the workspace.
-template <class Args, class Check, class Call>
+// A building block's run function: run_call without a saved buffer.
+template <class Args, class Check, class Values, class Call>
+moekit_status_t run_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
+                            void* workspace, size_t workspace_bytes, void* stream, Check&& check, Values&& values,
+                            Call&& call) {
+  return run_call(plan, kind, args, init_function, workspace, workspace_bytes, stream, check, [](const moekit_plan&) {},
+                  values, call);
+}
+
+// A layer's run function: run_call with the saved buffer checked after the workspace.
+template <class Args, class Check, class Values, class Call>
 moekit_status_t run_layer_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
                                   SavedUse use, const void* saved, size_t saved_bytes, void* workspace,
-                                  size_t workspace_bytes, Check&& check, Call&& call) {
-  return run_checked(plan, kind, args, init_function, workspace, workspace_bytes, check,
-                     [&](const moekit_plan& p, const Args& a, Workspace ws) {
-                       check_saved(p, use, saved, saved_bytes);
-                       call(p, a, ws);
-                     });
+                                  size_t workspace_bytes, void* stream, Check&& check, Values&& values, Call&& call) {
+  return run_call(
+      plan, kind, args, init_function, workspace, workspace_bytes, stream, check,
+      [&](const moekit_plan& p) { check_saved(p, use, saved, saved_bytes); }, values, call);
 }
 
 }  // namespace capi

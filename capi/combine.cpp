@@ -49,6 +49,18 @@ void check_combine(const moekit_plan& plan, const moekit_combine_args_t& a, bool
 void check_weighted(const moekit_plan& plan, const moekit_combine_args_t& a) { check_combine(plan, a, true); }
 void check_unweighted(const moekit_plan& plan, const moekit_combine_args_t& a) { check_combine(plan, a, false); }
 
+CallChecks combine_values(const moekit_plan& plan, const moekit_combine_args_t& a) {
+  CallChecks c;
+  const bool variable = plan.combine.top_k == 0;
+  const RowBound pairs = variable ? last_entry(a.tok_offsets) : RowBound{};
+  if (variable) add_offsets(c.inputs, "tok_offsets", a.tok_offsets, a.grouped_pos.shape[0]);
+  add_index_range(c.inputs, "grouped_pos", a.grouped_pos, -1, a.grouped.shape[0], pairs);
+  add_finite_via(c.inputs, "grouped", a.grouped, a.grouped_pos, pairs);
+  add_finite(c.inputs, "scores", a.scores, pairs);
+  add_gradient(c, "out", a.out, true, a.beta);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -74,16 +86,16 @@ MOEKIT_API moekit_status_t moekit_combine_args_init(moekit_combine_args_t* args)
 
 MOEKIT_API moekit_status_t moekit_combine(moekit_plan_t plan, const moekit_combine_args_t* args, void* workspace,
                                           size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::combine, args, "moekit_combine_args_init", workspace, workspace_bytes,
-                     check_weighted, [&](const moekit_plan& p, const moekit_combine_args_t& a, moekit::Workspace ws) {
+  return run_checked(plan, moekit::OpKind::combine, args, "moekit_combine_args_init", workspace, workspace_bytes, stream,
+                     check_weighted, combine_values, [&](const moekit_plan& p, const moekit_combine_args_t& a, moekit::Workspace ws) {
                        backend_of(p).combine(p, a, ws, stream);
                      });
 }
 
 MOEKIT_API moekit_status_t moekit_broadcast_backward(moekit_plan_t plan, const moekit_combine_args_t* args,
                                                      void* workspace, size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::combine, args, "moekit_combine_args_init", workspace, workspace_bytes,
-                     check_unweighted, [&](const moekit_plan& p, const moekit_combine_args_t& a, moekit::Workspace ws) {
+  return run_checked(plan, moekit::OpKind::combine, args, "moekit_combine_args_init", workspace, workspace_bytes, stream,
+                     check_unweighted, combine_values, [&](const moekit_plan& p, const moekit_combine_args_t& a, moekit::Workspace ws) {
                        backend_of(p).combine(p, a, ws, stream);
                      });
 }

@@ -1,4 +1,6 @@
 // Dispatch metadata, the deterministic CSR (docs/math.md section 2): descriptor, argument checks, run.
+#include <limits>
+
 #include "capi/call.h"
 #include "capi/desc.h"
 #include "capi/plan_create.h"
@@ -39,6 +41,19 @@ void check_dispatch(const moekit_plan& plan, const moekit_dispatch_args_t& a) {
   TensorCheck(r, "grouped_pos", a.grouped_pos).dtype(MOEKIT_DTYPE_INT32).shape({p}).check();
 }
 
+CallChecks dispatch_values(const moekit_plan& plan, const moekit_dispatch_args_t& a) {
+  CallChecks c;
+  // NOTE: any id >= 0 may be another rank's expert, so only ids below -1 fail.
+  const int64_t any_id = std::numeric_limits<int64_t>::max();
+  if (plan.dispatch.top_k == 0) {
+    add_offsets(c.inputs, "tok_offsets", a.tok_offsets, a.indices.shape[0]);
+    add_index_range(c.inputs, "indices", a.indices, -1, any_id, last_entry(a.tok_offsets));
+  } else {
+    add_index_range(c.inputs, "indices", a.indices, -1, any_id);
+  }
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -64,8 +79,8 @@ MOEKIT_API moekit_status_t moekit_dispatch_args_init(moekit_dispatch_args_t* arg
 
 MOEKIT_API moekit_status_t moekit_dispatch(moekit_plan_t plan, const moekit_dispatch_args_t* args, void* workspace,
                                            size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::dispatch, args, "moekit_dispatch_args_init", workspace, workspace_bytes,
-                     check_dispatch, [&](const moekit_plan& p, const moekit_dispatch_args_t& a, moekit::Workspace ws) {
+  return run_checked(plan, moekit::OpKind::dispatch, args, "moekit_dispatch_args_init", workspace, workspace_bytes, stream,
+                     check_dispatch, dispatch_values, [&](const moekit_plan& p, const moekit_dispatch_args_t& a, moekit::Workspace ws) {
                        backend_of(p).dispatch(p, a, ws, stream);
                      });
 }

@@ -86,6 +86,23 @@ void check_expert_backward(const TensorRules& r, const moekit_moe_desc_t& d, con
   require_finite("beta_db2", g.beta_db2);
 }
 
+void add_expert_weight_values(std::vector<ValueCheck>& list, const moekit_tensor_t& w1, const moekit_tensor_t& b1,
+                              const moekit_tensor_t& w2, const moekit_tensor_t& b2) {
+  add_finite(list, "w1", w1);
+  add_finite(list, "b1", b1);
+  add_finite(list, "w2", w2);
+  add_finite(list, "b2", b2);
+}
+
+void add_expert_gradient_values(CallChecks& checks, const ExpertGradients& g, RowBound rows) {
+  const bool input = g.compute_input_grad != 0, weight = g.compute_weight_grad != 0;
+  add_gradient(checks, "dx", g.dx, input, g.beta_dx, rows);
+  add_gradient(checks, "dw1", g.dw1, weight, g.beta_dw1);
+  add_gradient(checks, "db1", g.db1, weight && is_present(g.db1), g.beta_db1);
+  add_gradient(checks, "dw2", g.dw2, weight, g.beta_dw2);
+  add_gradient(checks, "db2", g.db2, weight && is_present(g.db2), g.beta_db2);
+}
+
 }  // namespace capi
 }  // namespace v0
 }  // namespace moekit

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "capi/validate.h"
+#include "capi/value_checks.h"
 #include "moekit/moekit.h"
 #include "src/plan.h"
 
@@ -48,6 +49,12 @@ ExpertGradients gradients_of(const BwdArgs& a) {
       a.dx,      a.dw1,      a.db1,      a.dw2,      a.db2,     a.compute_input_grad, a.compute_weight_grad,
       a.beta_dx, a.beta_dw1, a.beta_db1, a.beta_dw2, a.beta_db2};
 }
+
+// Value checks (MOEKIT_HANDLE_VALIDATE): the weights (and biases, absent ones skipped) are finite inputs; each
+// requested gradient is a finite output (and an input when its beta is not 0); dx only in the rows `rows`.
+void add_expert_weight_values(std::vector<ValueCheck>& list, const moekit_tensor_t& w1, const moekit_tensor_t& b1,
+                              const moekit_tensor_t& w2, const moekit_tensor_t& b2);
+void add_expert_gradient_values(CallChecks& checks, const ExpertGradients& g, RowBound rows = {});
 
 }  // namespace capi
 }  // namespace v0

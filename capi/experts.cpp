@@ -37,6 +37,27 @@ void check_backward(const moekit_plan& plan, const moekit_experts_bwd_args_t& a)
   TensorCheck(r, "dy", a.dy).dtype(d.dtype).shape({p, {d.hidden, "H"}}).check();
 }
 
+CallChecks forward_values(const moekit_plan&, const moekit_experts_fwd_args_t& a) {
+  CallChecks c;
+  const RowBound valid = last_entry(a.offsets);
+  add_offsets(c.inputs, "offsets", a.offsets, a.x.shape[0]);
+  add_finite(c.inputs, "x", a.x, valid);
+  add_expert_weight_values(c.inputs, a.w1, a.b1, a.w2, a.b2);
+  add_finite(c.outputs, "y", a.y, valid);
+  return c;
+}
+
+CallChecks backward_values(const moekit_plan&, const moekit_experts_bwd_args_t& a) {
+  CallChecks c;
+  const RowBound valid = last_entry(a.offsets);
+  add_offsets(c.inputs, "offsets", a.offsets, a.x.shape[0]);
+  add_finite(c.inputs, "x", a.x, valid);
+  add_finite(c.inputs, "dy", a.dy, valid);
+  add_expert_weight_values(c.inputs, a.w1, moekit_tensor_t{}, a.w2, moekit_tensor_t{});
+  add_expert_gradient_values(c, gradients_of(a), valid);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -64,7 +85,7 @@ MOEKIT_API moekit_status_t moekit_experts_forward(moekit_plan_t plan, const moek
                                                   void* saved, size_t saved_bytes, void* workspace,
                                                   size_t workspace_bytes, void* stream) {
   return run_layer_checked(plan, moekit::OpKind::experts, args, "moekit_experts_fwd_args_init", SavedUse::forward,
-                           saved, saved_bytes, workspace, workspace_bytes, check_forward,
+                           saved, saved_bytes, workspace, workspace_bytes, stream, check_forward, forward_values,
                            [&](const moekit_plan& p, const moekit_experts_fwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).experts_forward(p, a, saved, ws, stream);
                            });
@@ -74,7 +95,7 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
                                                    const void* saved, size_t saved_bytes, void* workspace,
                                                    size_t workspace_bytes, void* stream) {
   return run_layer_checked(plan, moekit::OpKind::experts, args, "moekit_experts_bwd_args_init", SavedUse::backward,
-                           saved, saved_bytes, workspace, workspace_bytes, check_backward,
+                           saved, saved_bytes, workspace, workspace_bytes, stream, check_backward, backward_values,
                            [&](const moekit_plan& p, const moekit_experts_bwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).experts_backward(p, a, saved, ws, stream);
                            });

@@ -121,6 +121,38 @@ void check_gemm(const moekit_plan& plan, const moekit_gemm_args_t& a) {
     throw_invalid("beta: the GATED and DGATED epilogues take no C input, so beta must be 0");
 }
 
+CallChecks gemm_values(const moekit_plan& plan, const moekit_gemm_args_t& a) {
+  const moekit_gemm_desc_t& d = plan.gemm;
+  CallChecks c;
+  const bool gathered = d.gather != MOEKIT_GEMM_GATHER_NONE;
+  const int64_t m = gathered ? a.gather_idx.shape[0] : a.a.shape[0];
+  const RowBound valid = last_entry(a.offsets);
+  add_offsets(c.inputs, "offsets", a.offsets, m);
+  const moekit_tensor_t& source = d.gather == MOEKIT_GEMM_GATHER_B ? a.b : a.a;
+  if (gathered) add_index_range(c.inputs, "gather_idx", a.gather_idx, 0, source.shape[0], valid);
+  const bool dgated = d.epilogue == MOEKIT_EPILOGUE_DGATED;
+  const moekit_tensor_t row_scale = dgated ? flat_tensor(a.row_scale) : moekit_tensor_t{};
+  const moekit_tensor_t dscores = dgated ? flat_tensor(a.dscores) : moekit_tensor_t{};
+  if (dgated) add_index_range(c.inputs, "pair_idx", a.pair_idx, 0, row_scale.shape[0], valid);
+  if (d.gather == MOEKIT_GEMM_GATHER_A)
+    add_finite_via(c.inputs, "a", a.a, a.gather_idx, valid);
+  else
+    add_finite(c.inputs, "a", a.a, valid);
+  if (d.mode == MOEKIT_GEMM_VARLEN_M)
+    add_finite(c.inputs, "b", a.b);
+  else if (d.gather == MOEKIT_GEMM_GATHER_B)
+    add_finite_via(c.inputs, "b", a.b, a.gather_idx, valid);
+  else
+    add_finite(c.inputs, "b", a.b, valid);
+  add_finite(c.inputs, "bias", a.bias);
+  add_finite(c.inputs, "h", a.h, valid);
+  add_finite_via(c.inputs, "row_scale", row_scale, a.pair_idx, valid);
+  add_gradient(c, "c", a.c, true, a.beta, d.mode == MOEKIT_GEMM_VARLEN_M ? valid : RowBound{});
+  add_finite(c.outputs, "act", a.act, valid);
+  add_finite_via(c.outputs, "dscores", dscores, a.pair_idx, valid);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -151,7 +183,7 @@ MOEKIT_API moekit_status_t moekit_gemm_args_init(moekit_gemm_args_t* args) {
 
 MOEKIT_API moekit_status_t moekit_gemm(moekit_plan_t plan, const moekit_gemm_args_t* args, void* workspace,
                                        size_t workspace_bytes, void* stream) {
-  return run_checked(plan, moekit::OpKind::gemm, args, "moekit_gemm_args_init", workspace, workspace_bytes, check_gemm,
+  return run_checked(plan, moekit::OpKind::gemm, args, "moekit_gemm_args_init", workspace, workspace_bytes, stream, check_gemm, gemm_values,
                      [&](const moekit_plan& p, const moekit_gemm_args_t& a, moekit::Workspace ws) {
                        backend_of(p).gemm(p, a, ws, stream);
                      });

@@ -29,7 +29,7 @@ namespace {
 std::unique_ptr<Backend> make_backend(const moekit_handle_desc_t& desc) {
   if (desc.backend == MOEKIT_BACKEND_REFERENCE) return std::make_unique<ref::ReferenceBackend>(desc.num_threads);
 #ifdef MOEKIT_WITH_CUDA
-  return std::make_unique<cuda::CudaBackend>(desc.device_index);
+  return std::make_unique<cuda::CudaBackend>(desc.device_index, (desc.flags & MOEKIT_HANDLE_VALIDATE) != 0);
 #else
   throw_not_supported("backend: this build of moekit has no CUDA backend");
 #endif
@@ -88,9 +88,6 @@ MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc
     require_non_negative("device_index", d.device_index);
     if ((d.flags & ~static_cast<uint32_t>(MOEKIT_HANDLE_VALIDATE)) != 0)
       moekit::throw_invalid("flags: unknown bits set (" + std::to_string(d.flags) + ")");
-    if ((d.flags & MOEKIT_HANDLE_VALIDATE) != 0)
-      moekit::throw_not_supported("flags: MOEKIT_HANDLE_VALIDATE is reserved; this version of moekit has no "
-                                  "validation mode (create the handle without it)");
     require_non_negative("num_threads", d.num_threads);
     auto made = std::make_unique<moekit_handle>();
     made->desc = d;

@@ -78,6 +78,28 @@ void check_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& a) {
   check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
+CallChecks forward_values(const moekit_plan&, const moekit_moe_fwd_args_t& a) {
+  CallChecks c;
+  add_finite(c.inputs, "x", a.x);
+  add_finite(c.inputs, "w_router", a.w_router);
+  add_finite(c.inputs, "router_bias", a.router_bias);
+  add_expert_weight_values(c.inputs, a.w1, a.b1, a.w2, a.b2);
+  add_gradient(c, "out", a.out, true, a.beta_out);
+  add_finite(c.outputs, "scores", a.scores);
+  return c;
+}
+
+CallChecks backward_values(const moekit_plan&, const moekit_moe_bwd_args_t& a) {
+  CallChecks c;
+  add_finite(c.inputs, "x", a.x);
+  add_finite(c.inputs, "dout", a.dout);
+  add_finite(c.inputs, "w_router", a.w_router);
+  add_expert_weight_values(c.inputs, a.w1, moekit_tensor_t{}, a.w2, a.b2);
+  add_expert_gradient_values(c, gradients_of(a));
+  add_gradient(c, "dw_router", a.dw_router, a.compute_weight_grad != 0, a.beta_dw_router);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -118,7 +140,7 @@ MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_m
                                               size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                               void* stream) {
   return run_layer_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_fwd_args_init", SavedUse::forward, saved,
-                           saved_bytes, workspace, workspace_bytes, check_forward,
+                           saved_bytes, workspace, workspace_bytes, stream, check_forward, forward_values,
                            [&](const moekit_plan& p, const moekit_moe_fwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).moe_forward(p, a, saved, ws, stream);
                            });
@@ -128,7 +150,7 @@ MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_
                                                size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                                void* stream) {
   return run_layer_checked(plan, moekit::OpKind::moe_layer, args, "moekit_moe_bwd_args_init", SavedUse::backward, saved,
-                           saved_bytes, workspace, workspace_bytes, check_backward,
+                           saved_bytes, workspace, workspace_bytes, stream, check_backward, backward_values,
                            [&](const moekit_plan& p, const moekit_moe_bwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).moe_backward(p, a, saved, ws, stream);
                            });

@@ -55,6 +55,24 @@ void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) 
   check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
 }
 
+CallChecks forward_values(const moekit_plan&, const moekit_router_fwd_args_t& a) {
+  CallChecks c;
+  add_finite_or_masked(c.inputs, "logits", a.logits);
+  add_finite(c.inputs, "bias", a.bias);
+  add_finite(c.outputs, "scores", a.scores);
+  return c;
+}
+
+CallChecks backward_values(const moekit_plan& plan, const moekit_router_bwd_args_t& a) {
+  CallChecks c;
+  add_finite_or_masked(c.inputs, "logits", a.logits);
+  add_index_range(c.inputs, "indices", a.indices, 0, plan.router.experts);
+  add_finite(c.inputs, "dscores", a.dscores);
+  if (a.accumulate) add_finite(c.inputs, "dlogits", a.dlogits);
+  add_finite(c.outputs, "dlogits", a.dlogits);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -90,7 +108,7 @@ MOEKIT_API moekit_status_t moekit_router_bwd_args_init(moekit_router_bwd_args_t*
 MOEKIT_API moekit_status_t moekit_router_forward(moekit_plan_t plan, const moekit_router_fwd_args_t* args,
                                                  void* workspace, size_t workspace_bytes, void* stream) {
   return run_checked(plan, moekit::OpKind::router, args, "moekit_router_fwd_args_init", workspace, workspace_bytes,
-                     check_forward, [&](const moekit_plan& p, const moekit_router_fwd_args_t& a, moekit::Workspace ws) {
+                     stream, check_forward, forward_values, [&](const moekit_plan& p, const moekit_router_fwd_args_t& a, moekit::Workspace ws) {
                        backend_of(p).router_forward(p, a, ws, stream);
                      });
 }
@@ -98,7 +116,7 @@ MOEKIT_API moekit_status_t moekit_router_forward(moekit_plan_t plan, const moeki
 MOEKIT_API moekit_status_t moekit_router_backward(moekit_plan_t plan, const moekit_router_bwd_args_t* args,
                                                   void* workspace, size_t workspace_bytes, void* stream) {
   return run_checked(plan, moekit::OpKind::router, args, "moekit_router_bwd_args_init", workspace, workspace_bytes,
-                     check_backward,
+                     stream, check_backward, backward_values,
                      [&](const moekit_plan& p, const moekit_router_bwd_args_t& a, moekit::Workspace ws) {
                        backend_of(p).router_backward(p, a, ws, stream);
                      });

@@ -100,6 +100,59 @@ void check_layer_backward(const moekit_plan& plan, const moekit_sparse_ffn_bwd_a
   require_finite("beta_dw_down", a.beta_dw_down);
 }
 
+// subsample_rows of group g hold neuron ids of that group: [g*G, (g+1)*G).
+void add_selection_values(std::vector<ValueCheck>& list, const moekit_sparse_ffn_desc_t& d, const moekit_tensor_t& x,
+                          const moekit_tensor_t& w_gate, const moekit_tensor_t& subsample_rows,
+                          const moekit_tensor_t& lb_bias) {
+  add_finite(list, "x", x);
+  add_finite(list, "w_gate", w_gate);
+  add_index_range(list, "subsample_rows", subsample_rows, 0, d.group_size, {}, d.group_size);
+  add_finite(list, "lb_bias", lb_bias);
+}
+
+CallChecks group_select_values(const moekit_plan& plan, const moekit_group_select_args_t& a) {
+  CallChecks c;
+  add_selection_values(c.inputs, plan.sparse_ffn, a.x, a.w_gate, a.subsample_rows, a.lb_bias);
+  return c;
+}
+
+CallChecks layer_forward_values(const moekit_plan& plan, const moekit_sparse_ffn_fwd_args_t& a) {
+  CallChecks c;
+  add_selection_values(c.inputs, plan.sparse_ffn, a.x, a.w_gate, a.subsample_rows, a.lb_bias);
+  add_finite(c.inputs, "w_up", a.w_up);
+  add_finite(c.inputs, "w_down", a.w_down);
+  add_gradient(c, "out", a.out, true, a.beta_out);
+  return c;
+}
+
+CallChecks layer_backward_values(const moekit_plan&, const moekit_sparse_ffn_bwd_args_t& a) {
+  CallChecks c;
+  add_finite(c.inputs, "x", a.x);
+  add_finite(c.inputs, "w_gate", a.w_gate);
+  add_finite(c.inputs, "w_up", a.w_up);
+  add_finite(c.inputs, "w_down", a.w_down);
+  add_finite(c.inputs, "dout", a.dout);
+  const bool weights = a.compute_weight_grad != 0;
+  add_gradient(c, "dx", a.dx, a.compute_input_grad != 0, a.beta_dx);
+  add_gradient(c, "dw_gate", a.dw_gate, weights, a.beta_dw_gate);
+  add_gradient(c, "dw_up", a.dw_up, weights, a.beta_dw_up);
+  add_gradient(c, "dw_down", a.dw_down, weights, a.beta_dw_down);
+  return c;
+}
+
+CallChecks load_balance_values(const moekit_load_balance_args_t& a) {
+  CallChecks c;
+  if (a.counts.dtype == MOEKIT_DTYPE_FP32)
+    add_finite(c.inputs, "counts", a.counts);
+  else
+    add_index_range(c.inputs, "counts", a.counts, 0, std::numeric_limits<int64_t>::max());
+  add_finite(c.inputs, "ema", a.ema);
+  add_finite(c.inputs, "bias", a.bias);
+  add_finite(c.outputs, "ema", a.ema);
+  add_finite(c.outputs, "bias", a.bias);
+  return c;
+}
+
 void check_load_balance(const moekit_handle& handle, const moekit_load_balance_args_t& a) {
   const TensorRules r = tensor_rules(handle);
   const Extent ng{leading_extent("counts", a.counts, "NG", std::numeric_limits<int32_t>::max(), "int32 range"), "NG"};
@@ -148,7 +201,7 @@ MOEKIT_API moekit_status_t moekit_group_select_args_init(moekit_group_select_arg
 MOEKIT_API moekit_status_t moekit_group_select(moekit_plan_t plan, const moekit_group_select_args_t* args,
                                                void* workspace, size_t workspace_bytes, void* stream) {
   return run_checked(plan, moekit::OpKind::group_select, args, "moekit_group_select_args_init", workspace,
-                     workspace_bytes, check_group_select,
+                     workspace_bytes, stream, check_group_select, group_select_values,
                      [&](const moekit_plan& p, const moekit_group_select_args_t& a, moekit::Workspace ws) {
                        backend_of(p).group_select(p, a, ws, stream);
                      });
@@ -169,7 +222,11 @@ MOEKIT_API moekit_status_t moekit_load_balance_update(moekit_handle_t handle, co
     const moekit_handle& h = checked_handle(handle);
     const moekit_load_balance_args_t& a = checked_struct("args", args, "moekit_load_balance_args_init");
     check_load_balance(h, a);
-    h.backend->load_balance_update(a, stream);
+    if (!validating(h)) {
+      h.backend->load_balance_update(a, stream);
+      return;
+    }
+    run_validated(*h.backend, load_balance_values(a), stream, [&] { h.backend->load_balance_update(a, stream); });
   });
 }
 
@@ -207,7 +264,7 @@ MOEKIT_API moekit_status_t moekit_sparse_ffn_forward(moekit_plan_t plan, const m
                                                      void* saved, size_t saved_bytes, void* workspace,
                                                      size_t workspace_bytes, void* stream) {
   return run_layer_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_fwd_args_init",
-                           SavedUse::forward, saved, saved_bytes, workspace, workspace_bytes, check_layer_forward,
+                           SavedUse::forward, saved, saved_bytes, workspace, workspace_bytes, stream, check_layer_forward, layer_forward_values,
                            [&](const moekit_plan& p, const moekit_sparse_ffn_fwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).sparse_ffn_forward(p, a, saved, ws, stream);
                            });
@@ -217,7 +274,7 @@ MOEKIT_API moekit_status_t moekit_sparse_ffn_backward(moekit_plan_t plan, const 
                                                       const void* saved, size_t saved_bytes, void* workspace,
                                                       size_t workspace_bytes, void* stream) {
   return run_layer_checked(plan, moekit::OpKind::sparse_ffn_layer, args, "moekit_sparse_ffn_bwd_args_init",
-                           SavedUse::backward, saved, saved_bytes, workspace, workspace_bytes, check_layer_backward,
+                           SavedUse::backward, saved, saved_bytes, workspace, workspace_bytes, stream, check_layer_backward, layer_backward_values,
                            [&](const moekit_plan& p, const moekit_sparse_ffn_bwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).sparse_ffn_backward(p, a, saved, ws, stream);
                            });

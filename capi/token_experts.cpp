@@ -63,6 +63,28 @@ void check_backward(const moekit_plan& plan, const moekit_token_experts_bwd_args
       .check();
 }
 
+// NOTE: topk_weights is not checked: the weight of a dropped pair is never read, and a bad weight of a valid pair
+// shows in out.
+CallChecks forward_values(const moekit_plan& plan, const moekit_token_experts_fwd_args_t& a) {
+  CallChecks c;
+  add_finite(c.inputs, "x", a.x);
+  add_index_range(c.inputs, "topk_idx", a.topk_idx, -1, plan.moe.experts);
+  add_expert_weight_values(c.inputs, a.w1, a.b1, a.w2, a.b2);
+  add_gradient(c, "out", a.out, true, a.beta_out);
+  return c;
+}
+
+CallChecks backward_values(const moekit_plan& plan, const moekit_token_experts_bwd_args_t& a) {
+  CallChecks c;
+  add_finite(c.inputs, "x", a.x);
+  add_index_range(c.inputs, "topk_idx", a.topk_idx, -1, plan.moe.experts);
+  add_expert_weight_values(c.inputs, a.w1, moekit_tensor_t{}, a.w2, a.b2);
+  add_finite(c.inputs, "dout", a.dout);
+  add_expert_gradient_values(c, gradients_of(a));
+  add_gradient(c, "dtopk_weights", a.dtopk_weights, a.compute_input_grad != 0 && is_present(a.dtopk_weights), 0);
+  return c;
+}
+
 }  // namespace
 }  // namespace capi
 }  // namespace v0
@@ -91,7 +113,7 @@ MOEKIT_API moekit_status_t moekit_token_experts_forward(moekit_plan_t plan,
                                                         size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                                         void* stream) {
   return run_layer_checked(plan, moekit::OpKind::token_experts, args, "moekit_token_experts_fwd_args_init",
-                           SavedUse::forward, saved, saved_bytes, workspace, workspace_bytes, check_forward,
+                           SavedUse::forward, saved, saved_bytes, workspace, workspace_bytes, stream, check_forward, forward_values,
                            [&](const moekit_plan& p, const moekit_token_experts_fwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).token_experts_forward(p, a, saved, ws, stream);
                            });
@@ -102,7 +124,7 @@ MOEKIT_API moekit_status_t moekit_token_experts_backward(moekit_plan_t plan,
                                                          const void* saved, size_t saved_bytes, void* workspace,
                                                          size_t workspace_bytes, void* stream) {
   return run_layer_checked(plan, moekit::OpKind::token_experts, args, "moekit_token_experts_bwd_args_init",
-                           SavedUse::backward, saved, saved_bytes, workspace, workspace_bytes, check_backward,
+                           SavedUse::backward, saved, saved_bytes, workspace, workspace_bytes, stream, check_backward, backward_values,
                            [&](const moekit_plan& p, const moekit_token_experts_bwd_args_t& a, moekit::Workspace ws) {
                              backend_of(p).token_experts_backward(p, a, saved, ws, stream);
                            });

@@ -6,10 +6,13 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "moekit/moekit.h"
 #include "src/plan.h"
+#include "src/value_checks.h"
 
 namespace moekit {
 inline namespace v0 {
@@ -30,6 +33,12 @@ class Backend {
   // What a plan runs, as text (moekit_plan_describe): plan_summary, then the backend's choice; a layer lists its
   // building blocks one per line.
   virtual std::string describe(const moekit_plan& plan) const = 0;
+
+  // MOEKIT_HANDLE_VALIDATE: evaluates `checks`, numbered from first_check, after the work already enqueued on the
+  // stream, and returns the smallest failure code (cuda/common/value_check_code.h) or kNoValueFailure. The CUDA
+  // backend synchronises the stream to read it, and throws NOT_SUPPORTED before enqueuing anything on a stream
+  // that is being captured.
+  virtual uint64_t check_values(const std::vector<ValueCheck>& checks, uint32_t first_check, void* stream) = 0;
 
   virtual void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void* stream) = 0;
   virtual void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void* stream) = 0;

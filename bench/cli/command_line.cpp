@@ -21,12 +21,13 @@ std::string shell_word(const std::string& word) {
 
 const char* usage_text() {
   return "usage: moekit-bench CONFIG.json [--out results.json] [--check] [--backend auto|cuda|reference]\n"
-         "                    [--filter REGEX] [--breakdown] [--threads N]\n"
+         "                    [--filter REGEX] [--breakdown] [--validate] [--threads N]\n"
          "  --out FILE       write the results as JSON (a meta block and one record per case)\n"
          "  --check          also run each case at a small shape against the reference backend; print the errors\n"
          "  --backend B      auto (default): CUDA when a usable GPU is present, else the reference (CPU) backend\n"
          "  --filter REGEX   only the cases whose name contains a match (ECMAScript regex)\n"
          "  --breakdown      CUDA backend: per-kernel GPU times of each case (CUPTI), into the JSON and the output\n"
+         "  --validate       the handle under test checks tensor values (MOEKIT_HANDLE_VALIDATE): its cost\n"
          "  --threads N      reference backend worker threads (default: all hardware threads)\n"
          "The schema of CONFIG.json and every reported figure are described in docs/benchmark.md.\n";
 }
@@ -48,6 +49,8 @@ Options parse_command_line(int argc, char** argv) {
       o.check = true;
     } else if (arg == "--breakdown") {
       o.breakdown = true;
+    } else if (arg == "--validate") {
+      o.validate = true;
     } else if (arg == "--filter") {
       o.filter = value();
     } else if (arg == "--backend") {
@@ -79,6 +82,7 @@ std::string reproduce_command(const Options& o, const std::string& backend, cons
                         " --filter " + shell_word(pattern + "$");
   if (o.check) command += " --check";
   if (o.breakdown) command += " --breakdown";
+  if (o.validate) command += " --validate";
   if (o.threads > 0) command += " --threads " + std::to_string(o.threads);
   return command;
 }

@@ -1,6 +1,6 @@
 // moekit-bench's command line:
 //   moekit-bench CONFIG.json [--out results.json] [--check] [--backend auto|cuda|reference] [--filter REGEX]
-//                [--breakdown] [--threads N]
+//                [--breakdown] [--validate] [--threads N]
 #pragma once
 
 #include <stdexcept>
@@ -16,6 +16,7 @@ struct Options {
   std::string out;      // "" = no JSON file
   bool check = false;
   bool breakdown = false;
+  bool validate = false;  // --validate: the handle under test has MOEKIT_HANDLE_VALIDATE
   bool help = false;
   BackendChoice backend = BackendChoice::automatic;
   std::string filter;   // ECMAScript regex searched in case names; "" = every case

@@ -38,11 +38,12 @@ struct Handle {
   moekit_handle_t handle = nullptr;
   moekit_status_t status = MOEKIT_SUCCESS;
   std::string error;
-  Handle(moekit_backend_t backend, int threads) {
+  Handle(moekit_backend_t backend, int threads, bool validate) {
     moekit_handle_desc_t desc;
     moekit_handle_desc_init(&desc);
     desc.backend = backend;
     desc.num_threads = threads;
+    desc.flags = validate ? MOEKIT_HANDLE_VALIDATE : 0;
     status = moekit_handle_create(&desc, &handle);
     if (status != MOEKIT_SUCCESS) {
       error.resize(moekit_get_last_error(nullptr, 0));
@@ -99,7 +100,7 @@ int run(const Options& options, int argc, char** argv) {
   std::unique_ptr<Platform> platform;
   if (options.backend != BackendChoice::reference) {
 #ifdef MOEKIT_BENCH_WITH_CUDA
-    handle = std::make_unique<Handle>(MOEKIT_BACKEND_CUDA, 0);
+    handle = std::make_unique<Handle>(MOEKIT_BACKEND_CUDA, 0, options.validate);
     if (handle->status == MOEKIT_SUCCESS) {
       platform = make_cuda_platform();
     } else if (options.backend == BackendChoice::cuda) {
@@ -117,7 +118,7 @@ int run(const Options& options, int argc, char** argv) {
 #endif
   }
   if (!platform) {
-    handle = std::make_unique<Handle>(MOEKIT_BACKEND_REFERENCE, options.threads);
+    handle = std::make_unique<Handle>(MOEKIT_BACKEND_REFERENCE, options.threads, options.validate);
     if (handle->status != MOEKIT_SUCCESS) {
       std::fprintf(stderr, "moekit-bench: cannot create a reference handle: %s\n", handle->error.c_str());
       return 1;
@@ -150,11 +151,13 @@ int run(const Options& options, int argc, char** argv) {
   }
 #endif
   context.breakdown = options.breakdown;
+  context.validate = options.validate;
+  if (options.validate) meta.backend_note += "; MOEKIT_HANDLE_VALIDATE (--validate)";
   if (options.breakdown && !cuda) context.profiler_missing = "no kernel breakdown on the reference backend";
 
   // The oracle of --check: the reference backend; on the reference backend a second handle with one thread.
   std::unique_ptr<Platform> oracle_platform = make_host_platform(cuda ? 0 : 1);
-  Handle oracle(MOEKIT_BACKEND_REFERENCE, cuda ? 0 : 1);
+  Handle oracle(MOEKIT_BACKEND_REFERENCE, cuda ? 0 : 1, false);
   const std::string against = cuda ? "reference backend" : "reference backend, 1 thread";
 
   std::vector<CaseResult> results;

@@ -137,7 +137,9 @@ void measure(const CaseConfig& config, MeasureContext& context, CaseResult& r, W
 
   Call timed_run = timed, subtracted_run = subtracted;
   r.timing_method = platform.timing_method();
-  if (config.graph) {
+  if (config.graph && context.validate) {
+    r.timing_method += "; graph replay asked for, but a validating call cannot be captured (--validate)";
+  } else if (config.graph) {
     Call replay = platform.capture(timed, r.sets);
     if (replay) {
       r.graph = true;

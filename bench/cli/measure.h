@@ -21,6 +21,7 @@ struct MeasureContext {
   bool breakdown = false;              // --breakdown
   KernelProfiler* profiler = nullptr;  // with --breakdown, when CUPTI could be loaded
   std::string profiler_missing;        // why there is no profiler
+  bool validate = false;               // --validate: calls synchronise, so no graph replay
 };
 
 // Never throws: a case the backend cannot serve comes back as not_supported, any other failure as failed.

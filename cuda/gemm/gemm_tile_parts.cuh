@@ -44,6 +44,18 @@ __device__ __forceinline__ uint32_t mnmajor_offset(int k, int chunk) {
   return static_cast<uint32_t>(k * width * 2 + ((chunk ^ (k & 7)) << 4));
 }
 
+// The source row of grouped row r with a gather: gather_idx[r] clamped to [0, source_rows).
+__device__ __forceinline__ int64_t gather_row(const GroupedGemmProblem& p, int64_t r) {
+  const int64_t src = load_index(p.gather_idx, r, p.gather_int64);
+  return min(max(src, int64_t{0}), p.source_rows - 1);
+}
+
+// A DGATED row's score: row_scale[pair_idx[r]], or 0 for an entry outside [0, pairs).
+__device__ __forceinline__ float pair_scale(const GroupedGemmProblem& p, int64_t r) {
+  const int32_t pair = p.pair_idx[r];
+  return pair >= 0 && pair < p.pairs ? p.row_scale[pair] : 0.0f;
+}
+
 // The tiles of a varlen-K product: one per group x m tile x n tile (C[e] is [m, n]).
 __host__ __device__ __forceinline__ int64_t varlen_k_tile_count(const GroupedGemmProblem& p, int64_t bm) {
   return p.groups * ((p.m + bm - 1) / bm) * p.n_tiles;

@@ -100,15 +100,17 @@ __global__ void __launch_bounds__(kListThreads) build_row_tiles_kernel(const int
 }
 
 // dscores[pair_idx[r]] = sum over 64-column chunks (ascending) of ds_partials[r, chunk], for every grouped row.
+// A pair_idx entry outside [0, pairs) writes nothing.
 __global__ void sum_row_dots_kernel(const int32_t* offsets, int64_t groups, int64_t rows, const float* partials,
-                                    int64_t chunks, const int32_t* pair_idx, float* dscores) {
+                                    int64_t chunks, const int32_t* pair_idx, int64_t pairs, float* dscores) {
   const int64_t end = min(max(static_cast<int64_t>(offsets[groups]), int64_t{0}), rows);
   const int64_t begin = min(max(static_cast<int64_t>(offsets[0]), int64_t{0}), end);
   const int64_t r = begin + blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (r >= end) return;
   float sum = 0.0f;
   for (int64_t c = 0; c < chunks; ++c) sum += partials[r * chunks + c];
-  dscores[pair_idx[r]] = sum;
+  const int32_t pair = pair_idx[r];
+  if (pair >= 0 && pair < pairs) dscores[pair] = sum;
 }
 
 using TileLauncher = void (*)(const GroupedGemmProblem&, cudaStream_t);
@@ -223,7 +225,7 @@ void run_grouped_gemm(GroupedGemmProblem p, const GemmKernel& kernel, const Gemm
     constexpr int threads = 256;
     const auto blocks = static_cast<unsigned>((p.rows + threads - 1) / threads);
     sum_row_dots_kernel<<<blocks, threads, 0, stream>>>(p.offsets, p.groups, p.rows, p.ds_partials, p.ds_chunks,
-                                                        p.pair_idx, p.dscores);
+                                                        p.pair_idx, p.pairs, p.dscores);
     check_launch("grouped GEMM: row dots");
   }
 }

@@ -43,6 +43,9 @@ struct GroupedGemmProblem {
   const int32_t* offsets;  // [E+1]
   const void* gather_idx;  // [rows] int32 or int64, or nullptr
   bool gather_int64;
+  // Rows of the gathered source (S >= 1 whenever rows > 0 with a gather): an entry of gather_idx is clamped to
+  // [0, S), so no value reads outside the source.
+  int64_t source_rows;
 
   float alpha;
   float beta;          // STORE / BIAS; C is read only when beta != 0
@@ -67,6 +70,8 @@ struct GroupedGemmProblem {
   const float* row_scale;  // DGATED [P] flat, read at pair_idx[r]
   const int32_t* pair_idx; // DGATED [rows]
   float* dscores;          // DGATED [P] flat, written at pair_idx[r]
+  int64_t pairs;           // DGATED: P, the entries of row_scale and dscores; a pair_idx entry outside [0, P)
+                           // reads a scale of 0 and writes no ds
 
   // Workspace (gemm_workspace_layout), filled by run_grouped_gemm.
   int64_t m_tiles;

@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1) grouped_gemm_kernel(const Gro
 #pragma unroll
     for (int i = 0; i < a_copies; ++i) {
       const int64_t r = m0 + a_first + i * a_row_step;
-      a_src[i] = r < row_end ? static_cast<int32_t>(gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : -1;
+      a_src[i] = r < row_end ? static_cast<int32_t>(gather_a ? gather_row(p, r) : r) : -1;
     }
     if constexpr (b_kmajor) {
 #pragma unroll
@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1) grouped_gemm_kernel(const Gro
   const bool gathered_rows = varlen_k && p.gather != MOEKIT_GEMM_GATHER_NONE;
   auto slice_index = [&](int64_t t, int i) -> int32_t {
     const int64_t r = row_begin + t * BK + i;
-    return r < row_end ? static_cast<int32_t>(load_index(p.gather_idx, r, p.gather_int64)) : 0;
+    return r < row_end ? static_cast<int32_t>(gather_row(p, r)) : 0;
   };
   int32_t next_index = 0;
   if (gathered_rows) {
@@ -370,7 +370,7 @@ __global__ void __launch_bounds__(Cfg::threads, 1) grouped_gemm_kernel(const Gro
         const int64_t j = n0 + 8 * item;
         float dot = 0.0f;
         if (row_ok && j < p.n) {
-          const float scale = p.row_scale[p.pair_idx[r]];
+          const float scale = pair_scale(p, r);
           dot = epilogue_dgated<T>(p, act, line + 8 * item, r, j, scale);
         }
         // Per 64-column chunk (8 lanes), the same butterfly as the wgmma kernel's: one partial per chunk, so the

@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(row_dot_threads) add_row_dots_kernel(BiasSumsP
                           row * layout.column_blocks;
   float dot = 0.0f;
   for (int64_t block = 0; block < layout.column_blocks; ++block) dot += row_dots[block];
-  problem.dscores[problem.pair_idx[row]] += dot;
+  const int32_t pair = problem.pair_idx[row];
+  if (pair >= 0 && pair < problem.pairs) problem.dscores[pair] += dot;
 }
 
 }  // namespace

@@ -63,8 +63,13 @@ __global__ void __launch_bounds__(bias_sums_max_threads, kSums && kDots ? 2 : 4)
   const int count = static_cast<int>(last - first);
   for (int r = threadIdx.x; r < count; r += blockDim.x) {
     const int64_t i = first + r;
-    chunk_src_rows[r] = problem.gather_idx != nullptr ? __ldg(problem.gather_idx + i) : static_cast<int32_t>(i);
-    chunk_weights[r] = problem.scores != nullptr ? __ldg(problem.scores + __ldg(problem.pair_idx + i)) : 1.0f;
+    const auto last_src = static_cast<int32_t>(problem.src_rows - 1);
+    chunk_src_rows[r] = problem.gather_idx != nullptr ? min(max(__ldg(problem.gather_idx + i), 0), last_src)
+                                                      : static_cast<int32_t>(i);
+    const int32_t pair = problem.pair_idx != nullptr ? __ldg(problem.pair_idx + i) : -1;
+    chunk_weights[r] = problem.scores == nullptr ? 1.0f
+                       : pair >= 0 && pair < problem.pairs ? __ldg(problem.scores + pair)
+                                                          : 0.0f;
   }
 
   Vec16<T> bias{};

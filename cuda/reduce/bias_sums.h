@@ -76,6 +76,11 @@ struct BiasSumsProblem {
   const int32_t* gather_idx;  // [P] or nullptr: row i of the sum is src row gather_idx[i], else row i
   const float* scores;        // [P] flat or nullptr: row i is weighted by scores[pair_idx[i]], else by 1
   const int32_t* pair_idx;    // [P], needed with scores or dscores
+  // No index value reads out of bounds: a gather_idx entry is clamped to [0, src_rows) (db2: src_rows = T >= 1),
+  // and a row whose pair_idx entry lies outside [0, pairs) (the entries of scores and dscores) is skipped: weight
+  // 0, no ds update.
+  int64_t src_rows;
+  int64_t pairs;
   void* sums;                 // [E, W] or nullptr (no sums), rows sums_stride elements apart (multiple of 8)
   int64_t sums_stride;
   bool sums_fp32;  // sums in fp32, else in the storage dtype

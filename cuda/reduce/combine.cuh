@@ -2,7 +2,7 @@
 //
 // Preconditions (checked by src/cuda_backend/reduce_ops.cpp): H and both row strides are multiples of 8 elements and the
 // data pointers are 16-byte aligned, so every row is a whole number of 16-byte vectors. The device index tensors
-// are trusted: grouped_pos entries lie in [-1, P), tok_offsets is non-decreasing.
+// are not trusted: a grouped_pos entry outside [0, rows) drops its pair, and tok_offsets are clamped to the pairs.
 //
 // Bytes moved per token: the K rows of `grouped` it names (H * 2 each), its output row (H * 2, twice with
 // beta != 0) and K indices and scores, which every thread of the token group reads from L1.
@@ -78,8 +78,9 @@ __device__ __forceinline__ void combine_enter_token(CombineStep& step, const Com
     step.begin = static_cast<int32_t>(token * static_cast<uint32_t>(problem.top_k));
     step.end = static_cast<int32_t>(step.begin + problem.top_k);
   } else {
-    step.begin = token < problem.tokens ? __ldg(problem.tok_offsets + token) : 0;
-    step.end = token < problem.tokens ? __ldg(problem.tok_offsets + token + 1) : 0;
+    const auto pairs = static_cast<int32_t>(problem.pairs);
+    step.begin = token < problem.tokens ? min(max(__ldg(problem.tok_offsets + token), 0), pairs) : 0;
+    step.end = token < problem.tokens ? min(max(__ldg(problem.tok_offsets + token + 1), step.begin), pairs) : 0;
   }
   step.first = step.begin;
 }
@@ -89,9 +90,11 @@ template <int pairs_in_flight>
 __device__ __forceinline__ void combine_load_positions(const CombineStep& step, const CombineProblem& problem,
                                                        int32_t (&pos)[pairs_in_flight]) {
 #pragma unroll
-  for (int u = 0; u < pairs_in_flight; ++u)
-    pos[u] = step.token < problem.tokens && u < step.end - step.first ? __ldg(problem.grouped_pos + step.first + u)
-                                                                       : -1;
+  for (int u = 0; u < pairs_in_flight; ++u) {
+    const int32_t p =
+        step.token < problem.tokens && u < step.end - step.first ? __ldg(problem.grouped_pos + step.first + u) : -1;
+    pos[u] = p < problem.rows ? p : -1;
+  }
 }
 
 template <class T, class Variant>

@@ -41,6 +41,10 @@ struct CombineProblem {
   int64_t score_stride;
   const int32_t* grouped_pos;  // [P]: grouped row of pair p, -1 for a dropped pair
   const int32_t* tok_offsets;  // [T+1], variable top-k only
+  // The entries of grouped_pos (P) and the rows of grouped: a grouped position outside [0, rows) is a dropped
+  // pair, and tok_offsets are clamped to [0, pairs] and to a non-negative length, so no value reads out of bounds.
+  int64_t pairs;
+  int64_t rows;
   void* out;                   // [T, H] storage dtype, rows out_stride elements apart (a multiple of 8)
   int64_t out_stride;
   float beta;    // 0: out is never read

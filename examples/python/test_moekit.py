@@ -96,7 +96,7 @@ class Bindings(unittest.TestCase):
         for name, struct in _capi.STRUCTS.items():
             self.assertEqual(_capi.ctypes.sizeof(struct), sizes[name], name)
 
-    def test_the_loaded_library_is_version_0_1(self):
+    def test_the_loaded_library_is_version_0_2(self):
         self.assertEqual(moekit.load().moekit_get_version() // 100, 2)
 
 

@@ -7,14 +7,16 @@
  *
  * Conventions that hold for every function below:
  *  - Every function returns moekit_status_t. On any status other than MOEKIT_SUCCESS, nothing the caller
- *    passed as an output was written, and moekit_get_last_error() holds a message naming the argument.
+ *    passed as an output was written (one exception: MOEKIT_STATUS_VALIDATION_FAILED for a bad output value,
+ *    see MOEKIT_HANDLE_VALIDATE), and moekit_get_last_error() holds a message naming the argument.
  *  - Tensors are borrowed views (moekit_tensor_t). Shapes and strides count elements. A CUDA handle reads
  *    and writes device memory, a reference handle host memory; the view's `device` must match the handle.
  *  - Plan, then run: a plan holds the host decisions for one problem shape (a descriptor whose tensors would
  *    have more than 2^56 elements at the plan's bounds is INVALID_VALUE); the run functions only enqueue
  *    work on the caller's stream (a cudaStream_t passed as void*; NULL = the legacy default stream; ignored
- *    by the reference backend, which computes synchronously). No run function synchronises the host, and
- *    none allocates device memory: scratch memory is the caller's workspace, whose size the plan reports.
+ *    by the reference backend, which computes synchronously). No run function synchronises the host (except on
+ *    a handle made with MOEKIT_HANDLE_VALIDATE, a debug mode), and none allocates device memory: scratch memory is
+ *    the caller's workspace, whose size the plan reports.
  *  - Shapes that only the device knows (the number of valid token-expert pairs) are bounded on the host:
  *    every grouped tensor has P = tokens * top_k rows (P_max for general routing); rows past the valid count
  *    are never read and never written.
@@ -66,6 +68,7 @@ typedef enum moekit_status {
   MOEKIT_SUCCESS = 0,
   /* 1xx: the request is malformed — fix the call. */
   MOEKIT_STATUS_INVALID_VALUE = 100,
+  MOEKIT_STATUS_VALIDATION_FAILED = 101, /* a handle with MOEKIT_HANDLE_VALIDATE found a bad value in a tensor */
   /* 2xx: a valid request this build or device cannot serve — a framework may fall back. */
   MOEKIT_STATUS_NOT_SUPPORTED = 200,
   /* 3xx: resources. */
@@ -150,8 +153,36 @@ typedef enum moekit_backend {
 } moekit_backend_t;
 
 enum {
-  /* Reserved for a validation mode (checks of indices, offsets and NaN values on the device); this version refuses
-     a handle that asks for it with MOEKIT_STATUS_NOT_SUPPORTED. */
+  /* Validation mode: every run function (and moekit_load_balance_update) also checks the VALUES of its tensors,
+   * which the argument checks of the host cannot see, and answers the first bad one with
+   * MOEKIT_STATUS_VALIDATION_FAILED. Checked:
+   *  - expert ids: the router backward's indices in [0, E); token-experts topk_idx in [-1, E) (-1 = "not on this
+   *    rank"; other ids outside [0, E), dropped silently without the flag, fail); dispatch indices >= -1 (ids of
+   *    other ranks' experts are valid there);
+   *  - offsets (expert offsets, tok_offsets): entry 0 is 0, no entry is below the one before, and the last entry
+   *    (the count of rows or pairs they claim) is at most the rows P of the tensors they index;
+   *  - positions: gather_idx in [0, S) (the gathered source's rows: T), pair_idx in [0, P), grouped_pos in [-1, P),
+   *    for the rows below offsets[E] where an offsets tensor says which rows are valid; subsample_rows of group g in
+   *    [g*G, (g+1)*G);
+   *  - NaN and infinite values in every floating-point input (logits may hold -inf, which masks an expert; not in
+   *    topk_weights, where a dropped pair's weight is never read and a valid pair's shows in out), and,
+   *    after the computation, in every floating-point output. Grouped tensors are checked only in the rows the call
+   *    reads or writes (below offsets[E], or the rows grouped_pos / pair_idx name), never in rows past them.
+   * When: at the end of the call, which synchronises its stream. The inputs are checked first; when one fails, the
+   * operation is not run and nothing is written. Otherwise the operation runs, its outputs are checked, and a NaN or
+   * infinite output also returns VALIDATION_FAILED (the outputs then hold what the operation wrote). The first
+   * failure is the first tensor in the order of the argument struct (inputs, then outputs), then its first element
+   * in row-major order; the message names the tensor, the element and the rule broken, e.g.
+   * "topk_idx: element [3, 1] is outside [-1, 8)" or "out: element [0, 5] is NaN".
+   * Cost: the checks read every checked tensor once, and a call synchronises its stream up to twice (a debug mode,
+   * not for production runs; docs/reliability.md says how to measure the cost). A CUDA handle with the flag owns a
+   * few bytes of device and pinned host memory for the failure record. A validating call cannot be captured in a
+   * CUDA graph: on a capturing stream it returns NOT_SUPPORTED and enqueues nothing, so the capture stays valid.
+   * Without the flag nothing is checked on the device, and no value makes a CUDA handle read or write out of
+   * bounds: the comment of each index tensor says, marked "(CUDA)", whether a bad entry is skipped or clamped (the
+   * results are then wrong, never an access outside the tensors). A reference handle reads the values on the host
+   * anyway and answers bad offsets and positions with INVALID_VALUE, with or without the flag (with the flag,
+   * VALIDATION_FAILED comes first). */
   MOEKIT_HANDLE_VALIDATE = 1u << 0
 };
 
@@ -166,7 +197,7 @@ typedef struct moekit_handle_desc {
 MOEKIT_API moekit_status_t moekit_handle_desc_init(moekit_handle_desc_t* desc);
 
 /* Creates a handle. NOT_SUPPORTED for a CUDA handle when this build has no CUDA or the device is not sm_90.
- * A handle is cheap; it owns no device memory. */
+ * A handle is cheap; it owns no device memory (with MOEKIT_HANDLE_VALIDATE: a few bytes for its failure record). */
 MOEKIT_API moekit_status_t moekit_handle_create(const moekit_handle_desc_t* desc, moekit_handle_t* handle);
 /* Accepts NULL. The plans created from a handle must be destroyed before it. */
 MOEKIT_API moekit_status_t moekit_handle_destroy(moekit_handle_t handle);
@@ -259,7 +290,8 @@ typedef struct moekit_router_fwd_args {
 typedef struct moekit_router_bwd_args {
   size_t struct_size;
   moekit_tensor_t logits;   /* [T, E] the forward's logits */
-  moekit_tensor_t indices;  /* [T, K] the forward's indices (always the router's own, even for dropped pairs) */
+  moekit_tensor_t indices;  /* [T, K] the forward's indices (always the router's own, even for dropped pairs); an id
+                               outside [0, E): the pair is skipped (CUDA) */
   moekit_tensor_t dscores;  /* [T, K] fp32: gradient of the scores (0 for dropped pairs) */
   moekit_tensor_t dlogits;  /* out [T, E] fp32 or the logits dtype */
   int32_t accumulate;       /* 1: dlogits += gradient; 0: dlogits = gradient (old values never read) */
@@ -300,7 +332,8 @@ typedef struct moekit_dispatch_args {
   moekit_tensor_t indices;     /* [T, K] int32/int64 global expert ids; ids outside [e0, e0+E) drop the pair */
   /* General routing (top_k = 0): the pairs sorted by token; indices is then [P] int32/int64 ids, where this
    * call's P (<= max_pairs) is its row count, and every output below has P rows */
-  moekit_tensor_t tok_offsets; /* [T+1] int32: token t owns pairs tok_offsets[t] .. tok_offsets[t+1] */
+  moekit_tensor_t tok_offsets; /* [T+1] int32: token t owns pairs tok_offsets[t] .. tok_offsets[t+1]; bad entries
+                                  (CUDA): the pair count tok_offsets[T] is clamped to [0, P] */
   /* Outputs (P = T*K, or P_max): */
   moekit_tensor_t expert_offsets; /* out [E+1] int32 */
   moekit_tensor_t gather_idx;     /* out [P] int32: token of grouped row i */
@@ -370,15 +403,18 @@ typedef struct moekit_gemm_args {
   moekit_tensor_t a;          /* varlen M: [M or S (gather A), k]; varlen K: [M or S (gather A), k] */
   moekit_tensor_t b;          /* varlen M: [E, n, k] or [E, k, n] (DGATED: the product dA is as wide as a, so n/2
                                  instead of n for a gated activation); varlen K: [M or S (gather B), n] */
-  moekit_tensor_t offsets;    /* [E+1] int32 on the device: group e owns rows offsets[e] .. offsets[e+1] */
-  moekit_tensor_t gather_idx; /* [M] int32/int64, with gather A or B (absent otherwise) */
+  moekit_tensor_t offsets;    /* [E+1] int32 on the device: group e owns rows offsets[e] .. offsets[e+1]; bad entries
+                                 (CUDA): clamped to [0, M], each group to a non-negative length */
+  moekit_tensor_t gather_idx; /* [M] int32/int64, with gather A or B (absent otherwise); an entry outside [0, S)
+                                 (CUDA): clamped to [0, S) */
   moekit_tensor_t bias;       /* [E, n] operand dtype, BIAS (required) and GATED (optional) */
   moekit_tensor_t c;          /* out: STORE/BIAS [max_rows, n] (varlen M) or [E, k, n] (varlen K);
                                  GATED: h [max_rows, n]; DGATED: dh [max_rows, n] (n = h's width) */
   moekit_tensor_t h;          /* DGATED in: [max_rows, n] the stored pre-activation */
   moekit_tensor_t act;        /* GATED out: a [max_rows, n/2] (n for non-gated); DGATED out: a' = s a */
   moekit_tensor_t row_scale;  /* DGATED in: [P = M] fp32 scores, read flat at pair_idx[r] */
-  moekit_tensor_t pair_idx;   /* DGATED in: [max_rows] int32 */
+  moekit_tensor_t pair_idx;   /* DGATED in: [max_rows] int32; an entry outside [0, P) (CUDA): the row is skipped (a
+                                 scale of 0, no ds written) */
   moekit_tensor_t dscores;    /* DGATED out: [P = M] fp32 read flat, ds[pair_idx[r]] = dA_r . a_r; others untouched */
   double alpha;               /* default 1 */
   double beta;                /* STORE/BIAS only; 0 (default): C is never read */
@@ -410,8 +446,10 @@ typedef struct moekit_combine_args {
   moekit_tensor_t grouped;     /* [P, H]: y (combine) or dxe (broadcast backward), grouped rows */
   moekit_tensor_t scores;      /* combine: [T, K] fp32 (or [P] with variable top-k); broadcast: absent.
                                   Variable top-k: this call's P (<= max_pairs) is the row count of grouped_pos */
-  moekit_tensor_t grouped_pos; /* [P] int32: grouped row of pair p, -1 for a dropped pair (contributes 0) */
-  moekit_tensor_t tok_offsets; /* [T+1] int32, variable top-k only */
+  moekit_tensor_t grouped_pos; /* [P] int32: grouped row of pair p, -1 for a dropped pair (contributes 0); any entry
+                                  outside [0, rows of grouped) (CUDA): the pair is skipped, as a dropped one */
+  moekit_tensor_t tok_offsets; /* [T+1] int32, variable top-k only; bad entries (CUDA): clamped to [0, P], each
+                                  token to a non-negative count */
   moekit_tensor_t out;         /* out [T, H]: out_t = beta out_t + sum over pairs of t, ascending (fp32 sum) */
   double beta;                 /* 0: out is never read */
 } moekit_combine_args_t;
@@ -441,7 +479,8 @@ MOEKIT_API moekit_status_t moekit_bias_grad_plan_create(moekit_handle_t handle, 
 typedef struct moekit_db1_args {
   size_t struct_size;
   moekit_tensor_t dh;      /* [P, width] grouped rows */
-  moekit_tensor_t offsets; /* [E+1] int32 */
+  moekit_tensor_t offsets; /* [E+1] int32; bad entries (CUDA): clamped to [0, P], each expert to a non-negative
+                              length */
   moekit_tensor_t db1;     /* out [E, width]: beta db1 + sum of the expert's rows (fp32 sum in row order) */
   double beta;
 } moekit_db1_args_t;
@@ -451,9 +490,10 @@ typedef struct moekit_db2_ds_args {
   moekit_tensor_t dout;       /* [T, H] */
   moekit_tensor_t scores;     /* [T, K] fp32, read flat as [P]; P = rows of gather_idx */
   moekit_tensor_t b2;         /* [E, H] bias of the down projection, optional: without it ds is untouched */
-  moekit_tensor_t offsets;    /* [E+1] int32 */
-  moekit_tensor_t gather_idx; /* [P] int32: token of grouped row i */
-  moekit_tensor_t pair_idx;   /* [P] int32: pair of grouped row i */
+  moekit_tensor_t offsets;    /* [E+1] int32; bad entries (CUDA): clamped as db1's */
+  moekit_tensor_t gather_idx; /* [P] int32: token of grouped row i; an entry outside [0, T) (CUDA): clamped */
+  moekit_tensor_t pair_idx;   /* [P] int32: pair of grouped row i; an entry outside [0, P) (CUDA): the row is
+                                 skipped (weight 0, no ds update) */
   moekit_tensor_t db2;        /* out [E, H], optional: beta db2 + sum over the expert's rows of s dout_t */
   moekit_tensor_t dscores;    /* in/out [T, K] fp32, read flat: ds[p] += dout_t . b2[e] for every valid pair;
                                  required with b2, optional without */
@@ -494,7 +534,8 @@ typedef struct moekit_group_select_args {
   size_t struct_size;
   moekit_tensor_t x;         /* [T, D] */
   moekit_tensor_t w_gate;    /* [F, D] */
-  moekit_tensor_t subsample_rows; /* [F/G, spg] int32 global neuron ids, required iff spg > 0 */
+  moekit_tensor_t subsample_rows; /* [F/G, spg] int32 global neuron ids, required iff spg > 0; an id outside its
+                                     group (CUDA): clamped to the group's first neuron */
   moekit_tensor_t lb_bias;   /* [F/G] fp32, optional: energy *= exp(bias) */
   moekit_tensor_t groups;    /* out [T, kg] int32: selected groups, energy-descending, ties to lower id */
   moekit_tensor_t counts;    /* out [F/G] int32, optional: tokens selecting each group (overwritten) */
@@ -644,7 +685,8 @@ MOEKIT_API moekit_status_t moekit_experts_plan_create(moekit_handle_t handle, co
 typedef struct moekit_experts_fwd_args {
   size_t struct_size;
   moekit_tensor_t x;       /* [P, H] grouped rows */
-  moekit_tensor_t offsets; /* [E+1] int32: expert e owns rows offsets[e] .. offsets[e+1] */
+  moekit_tensor_t offsets; /* [E+1] int32: expert e owns rows offsets[e] .. offsets[e+1]; bad entries (CUDA):
+                              clamped to [0, P], each expert to a non-negative length */
   moekit_tensor_t w1, b1, w2, b2;
   moekit_tensor_t y;       /* out [P, H] (rows past offsets[E] untouched) */
 } moekit_experts_fwd_args_t;
@@ -753,7 +795,7 @@ typedef struct moekit_sparse_ffn_fwd_args {
   moekit_tensor_t w_gate;         /* [F, D] */
   moekit_tensor_t w_up;           /* [F, D] */
   moekit_tensor_t w_down;         /* [D, F] */
-  moekit_tensor_t subsample_rows; /* [F/G, spg] int32, iff spg > 0 */
+  moekit_tensor_t subsample_rows; /* [F/G, spg] int32, iff spg > 0 (a bad id: as in moekit_group_select_args_t) */
   moekit_tensor_t lb_bias;        /* [F/G] fp32, optional */
   moekit_tensor_t out;            /* out [T, D] = beta_out out + y */
   moekit_tensor_t groups;         /* out [T, kg] int32, optional */

@@ -16,7 +16,7 @@ namespace moekit {
 inline namespace v0 {
 namespace cuda {
 
-CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
+CudaBackend::CudaBackend(int device_index, bool validate) : device_index_(device_index) {
   int count = 0;
   cudaError_t status = cudaGetDeviceCount(&count);
   if (status != cudaSuccess) {
@@ -40,6 +40,13 @@ CudaBackend::CudaBackend(int device_index) : device_index_(device_index) {
                         ") has compute capability " + std::to_string(prop.major) + "." + std::to_string(prop.minor) +
                         "; the CUDA backend needs 9.x (Hopper, sm_90)");
   facts_ = DeviceFacts{prop.multiProcessorCount, prop.major, prop.minor, static_cast<int>(prop.sharedMemPerBlockOptin)};
+  if (validate) allocate_record();
+}
+
+CudaBackend::~CudaBackend() {
+  // NOTE: a destructor cannot report; a failed free leaves the words to the process's teardown.
+  if (device_record_ != nullptr) cudaFree(device_record_);
+  if (host_record_ != nullptr) cudaFreeHost(host_record_);
 }
 
 void CudaBackend::plan_sizes(moekit_plan& plan) const {

@@ -21,12 +21,18 @@ struct DeviceFacts {
 class CudaBackend final : public Backend {
  public:
   // Throws NOT_SUPPORTED when no CUDA device is usable or device `device_index` is not compute capability 9.x,
-  // INVALID_VALUE when device_index is past the last device.
-  explicit CudaBackend(int device_index);
+  // INVALID_VALUE when device_index is past the last device. `validate` (MOEKIT_HANDLE_VALIDATE): allocates the
+  // failure record of the value checks, one word of device and one of pinned host memory.
+  CudaBackend(int device_index, bool validate);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
   moekit_device_t device() const override { return moekit_device_t{MOEKIT_DEVICE_CUDA, device_index_}; }
 
   void plan_sizes(moekit_plan& plan) const override;
   std::string describe(const moekit_plan& plan) const override;
+  // validation_ops.cpp
+  uint64_t check_values(const std::vector<ValueCheck>& checks, uint32_t first_check, void* stream) override;
 
   void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) override;
   void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) override;
@@ -59,9 +65,12 @@ class CudaBackend final : public Backend {
   void experts_layer_sizes(moekit_plan& plan) const;     // experts_layer_ops.cpp
   void sparse_ffn_layer_sizes(moekit_plan& plan) const;  // sparse_ffn_layer_ops.cpp
   void token_experts_sizes(moekit_plan& plan) const;     // token_experts_ops.cpp: NOT_SUPPORTED for now
+  void allocate_record();                                // validation_ops.cpp
 
   int device_index_;
   DeviceFacts facts_;
+  unsigned long long* device_record_ = nullptr;  // the value checks' first failure (validation only)
+  unsigned long long* host_record_ = nullptr;    // pinned: where it is read back
 };
 
 // plan_sizes of a grouped GEMM plan (src/cuda_backend/gemm_ops.cpp): NOT_SUPPORTED for what the kernels cannot take,

@@ -65,7 +65,10 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
   p.epilogue = d.epilogue;
   p.dtype = d.dtype;
   p.groups = d.groups;
-  p.rows = gathered ? args.gather_idx.shape[0] : args.a.shape[0];
+  // NOTE: with an empty gathered source no gather_idx entry can be valid, so no row is: none is read.
+  const moekit_tensor_t& source = d.gather == MOEKIT_GEMM_GATHER_B ? args.b : args.a;
+  p.rows = !gathered ? args.a.shape[0] : (source.shape[0] > 0 ? args.gather_idx.shape[0] : 0);
+  p.source_rows = gathered ? source.shape[0] : p.rows;
   p.m = shape.m;
   p.n = shape.n;
   p.k = shape.k;
@@ -105,6 +108,8 @@ void CudaBackend::gemm(const moekit_plan& plan, const moekit_gemm_args_t& args, 
     p.row_scale = static_cast<const float*>(args.row_scale.data);
     p.pair_idx = static_cast<const int32_t*>(args.pair_idx.data);
     p.dscores = static_cast<float*>(args.dscores.data);
+    p.pairs = 1;
+    for (int32_t i = 0; i < args.row_scale.rank; ++i) p.pairs *= args.row_scale.shape[i];
   }
   if (d.epilogue == MOEKIT_EPILOGUE_GATED || d.epilogue == MOEKIT_EPILOGUE_DGATED) {
     p.act = args.act.data;

@@ -64,6 +64,8 @@ void CudaBackend::combine(const moekit_plan& plan, const moekit_combine_args_t& 
   problem.score_stride = args.scores.data != nullptr && d.top_k > 0 ? row_stride(args.scores) : 0;
   problem.grouped_pos = static_cast<const int32_t*>(args.grouped_pos.data);
   problem.tok_offsets = d.top_k == 0 ? static_cast<const int32_t*>(args.tok_offsets.data) : nullptr;
+  problem.pairs = args.grouped_pos.shape[0];
+  problem.rows = args.grouped.shape[0];
   problem.out = args.out.data;
   problem.out_stride = row_stride(args.out);
   problem.beta = static_cast<float>(args.beta);
@@ -97,6 +99,7 @@ void CudaBackend::db1(const moekit_plan& plan, const moekit_db1_args_t& args, Wo
   problem.experts = d.experts;
   problem.width = d.width;
   problem.rows = args.dh.shape[0];
+  problem.src_rows = args.dh.shape[0];
   problem.offsets = static_cast<const int32_t*>(args.offsets.data);
   problem.src = args.dh.data;
   problem.src_stride = row_stride(args.dh);
@@ -123,7 +126,11 @@ void CudaBackend::db2_ds(const moekit_plan& plan, const moekit_db2_ds_args_t& ar
   reduce::BiasSumsProblem problem{};
   problem.experts = d.experts;
   problem.width = d.width;
-  problem.rows = args.gather_idx.shape[0];
+  // NOTE: with T = 0 no gather_idx entry can be valid, so no row is: none is read.
+  problem.rows = args.dout.shape[0] > 0 ? args.gather_idx.shape[0] : 0;
+  problem.src_rows = args.dout.shape[0];
+  problem.pairs = 1;
+  for (int32_t i = 0; i < args.scores.rank; ++i) problem.pairs *= args.scores.shape[i];
   problem.offsets = static_cast<const int32_t*>(args.offsets.data);
   problem.src = args.dout.data;
   problem.src_stride = row_stride(args.dout);

@@ -1,6 +1,6 @@
 // The reference (CPU) backend: docs/math.md computed on host memory in float64, rounded at its section 8's points.
 // Its methods live in one file per operation family (router.cpp, dispatch.cpp, reduce.cpp, group_select.cpp,
-// gemm.cpp, moe_layer.cpp, experts_layer.cpp, token_experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp).
+// gemm.cpp, moe_layer.cpp, experts_layer.cpp, token_experts_layer.cpp, sparse_ffn_layer.cpp, plan_sizes.cpp, value_checks.cpp).
 #pragma once
 
 #include <string>
@@ -18,6 +18,7 @@ class ReferenceBackend final : public Backend {
 
   void plan_sizes(moekit_plan& plan) const override;
   std::string describe(const moekit_plan& plan) const override;
+  uint64_t check_values(const std::vector<ValueCheck>& checks, uint32_t first_check, void*) override;
 
   void router_forward(const moekit_plan&, const moekit_router_fwd_args_t&, Workspace, void*) override;
   void router_backward(const moekit_plan&, const moekit_router_bwd_args_t&, Workspace, void*) override;

@@ -43,6 +43,7 @@ TEST_CASE("version: the number encodes MAJOR*10000 + MINOR*100 + PATCH and match
 TEST_CASE("status strings name every status, and unknown values say so", "[capi]") {
   CHECK(std::string(moekit_status_string(MOEKIT_SUCCESS)) == "MOEKIT_SUCCESS");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_INVALID_VALUE)) == "MOEKIT_STATUS_INVALID_VALUE");
+  CHECK(std::string(moekit_status_string(MOEKIT_STATUS_VALIDATION_FAILED)) == "MOEKIT_STATUS_VALIDATION_FAILED");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_NOT_SUPPORTED)) == "MOEKIT_STATUS_NOT_SUPPORTED");
   CHECK(std::string(moekit_status_string(MOEKIT_STATUS_INSUFFICIENT_WORKSPACE)) ==
         "MOEKIT_STATUS_INSUFFICIENT_WORKSPACE");

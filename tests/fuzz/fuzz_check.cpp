@@ -18,6 +18,7 @@ bool known_status(moekit_status_t status) {
   switch (status) {
     case MOEKIT_SUCCESS:
     case MOEKIT_STATUS_INVALID_VALUE:
+    case MOEKIT_STATUS_VALIDATION_FAILED:
     case MOEKIT_STATUS_NOT_SUPPORTED:
     case MOEKIT_STATUS_INSUFFICIENT_WORKSPACE:
     case MOEKIT_STATUS_OUT_OF_MEMORY:

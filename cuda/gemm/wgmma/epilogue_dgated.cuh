@@ -66,7 +66,7 @@ __device__ __forceinline__ void load_dgated_row_scales(const GroupedGemmProblem&
 #pragma unroll
     for (int pass = 0; pass < 64 / 16; ++pass) {
       const int64_t r = first_row + 64 * block + wg_tid / 8 + 16 * pass;
-      if (r < t.m_end) row_scales[4 * block + pass] = p.row_scale[p.pair_idx[r]];
+      if (r < t.m_end) row_scales[4 * block + pass] = pair_scale(p, r);
     }
 }
 

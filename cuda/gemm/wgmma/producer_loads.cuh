@@ -83,7 +83,7 @@ __device__ __forceinline__ void load_varlen_k_slices(const GroupedGemmProblem& p
 #pragma unroll
     for (int i = 0; i < passes; ++i)
       sources[i] =
-          static_cast<int32_t>(load_index(p.gather_idx, min(first + rows_per_pass * i, last_row), p.gather_int64));
+          static_cast<int32_t>(gather_row(p, min(first + rows_per_pass * i, last_row)));
   };
   if (slices > 0) load_sources(0);
   // Whole slices copy only the operand that is not TMA's (the gathered one, or A when neither is): its rows'
@@ -238,7 +238,7 @@ __device__ __forceinline__ void load_varlen_m_slices(const GroupedGemmProblem& p
   for (int i = 0; i < BM / 16; ++i) {
     const int64_t r = t.row_begin + wg_tid / 8 + 16 * i;
     const bool ok = r < t.row_end;
-    const int64_t src = ok ? (gather_a ? load_index(p.gather_idx, r, p.gather_int64) : r) : 0;
+    const int64_t src = ok ? (gather_a ? gather_row(p, r) : r) : 0;
     rows[i] = a_base + (ok ? src * p.lda + 8 * chunk : 0);
     inside |= static_cast<uint32_t>(ok) << i;
   }

@@ -13,7 +13,7 @@ path (see _capi). `import moekit` needs no torch: the layers import it when firs
 """
 import importlib
 
-from ._capi import MoekitError, NotSupportedError, build_info, library_path, load
+from ._capi import MoekitError, NotSupportedError, ValidationError, build_info, library_path, load
 
 # The names that need torch, by the module that defines them.
 _TORCH_NAMES = dict(
@@ -22,7 +22,8 @@ _TORCH_NAMES = dict(
                                        "offsets_from_counts", "subsample_rows", "load_balance_update", "Routing",
                                        "AuxLosses", "Selection", "Dispatch", "CUSTOM_OPS")})
 
-__all__ = sorted(_TORCH_NAMES) + ["MoekitError", "NotSupportedError", "load", "library_path", "build_info"]
+__all__ = sorted(_TORCH_NAMES) + ["MoekitError", "NotSupportedError", "ValidationError", "load", "library_path",
+                                  "build_info"]
 
 
 def __getattr__(name):

@@ -25,7 +25,9 @@ except ImportError:
     _build_info = None
 
 SUCCESS = 0
+STATUS_VALIDATION_FAILED = 101
 STATUS_NOT_SUPPORTED = 200
+HANDLE_VALIDATE = 1
 
 DTYPE_BF16, DTYPE_FP16, DTYPE_FP32, DTYPE_FP64, DTYPE_INT32, DTYPE_INT64 = 1, 2, 3, 4, 5, 6
 DEVICE_CPU, DEVICE_CUDA = 1, 2
@@ -251,6 +253,10 @@ class NotSupportedError(MoekitError):
     """MOEKIT_STATUS_NOT_SUPPORTED: a valid request this build or device cannot serve (a caller may fall back)."""
 
 
+class ValidationError(MoekitError):
+    """MOEKIT_STATUS_VALIDATION_FAILED: a handle made with MOEKIT_HANDLE_VALIDATE found a bad value in a tensor."""
+
+
 _P = ctypes.POINTER
 _status = c_int32
 # name: (argument types); every function here returns moekit_status_t unless listed in _RESTYPES.
@@ -360,8 +366,8 @@ def load(path=None):
 
 
 def check(status):
-    """Raises MoekitError (NotSupportedError for NOT_SUPPORTED) unless status is success; the message is this
-    thread's last error, read at once since it is thread-local."""
+    """Raises MoekitError (NotSupportedError for NOT_SUPPORTED, ValidationError for VALIDATION_FAILED) unless status
+    is success; the message is this thread's last error, read at once since it is thread-local."""
     if status == SUCCESS:
         return
     lib = load()
@@ -369,15 +375,16 @@ def check(status):
     buffer = ctypes.create_string_buffer(length + 1)
     lib.moekit_get_last_error(buffer, length + 1)
     name = lib.moekit_status_string(status).decode()
-    error = NotSupportedError if status == STATUS_NOT_SUPPORTED else MoekitError
+    error = {STATUS_NOT_SUPPORTED: NotSupportedError, STATUS_VALIDATION_FAILED: ValidationError}.get(status, MoekitError)
     raise error(status, name, buffer.value.decode(errors="replace"))
 
 
-def create_handle(backend, device_index):
-    """A moekit_handle_t (as a c_void_p) for the backend and device. A CUDA handle that this build or device cannot
-    serve raises NotSupportedError whose message adds what the package's own library was built for."""
+def create_handle(backend, device_index, flags=0):
+    """A moekit_handle_t (as a c_void_p) for the backend and device; flags HANDLE_VALIDATE for the validation mode.
+    A CUDA handle that this build or device cannot serve raises NotSupportedError whose message adds what the
+    package's own library was built for."""
     desc = initialised(HandleDesc, "moekit_handle_desc_init")
-    desc.backend, desc.device_index = backend, device_index
+    desc.backend, desc.device_index, desc.flags = backend, device_index, flags
     raw = c_void_p()
     try:
         check(load().moekit_handle_create(ctypes.byref(desc), ctypes.byref(raw)))

@@ -34,6 +34,7 @@ pub struct moekit_status_t(pub i32);
 
 pub const MOEKIT_SUCCESS: moekit_status_t = moekit_status_t(0);
 pub const MOEKIT_STATUS_INVALID_VALUE: moekit_status_t = moekit_status_t(100);
+pub const MOEKIT_STATUS_VALIDATION_FAILED: moekit_status_t = moekit_status_t(101);
 pub const MOEKIT_STATUS_NOT_SUPPORTED: moekit_status_t = moekit_status_t(200);
 pub const MOEKIT_STATUS_INSUFFICIENT_WORKSPACE: moekit_status_t = moekit_status_t(300);
 pub const MOEKIT_STATUS_OUT_OF_MEMORY: moekit_status_t = moekit_status_t(301);

@@ -7,6 +7,7 @@ use moekit_sys as sys;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Status {
     InvalidValue,
+    ValidationFailed,
     NotSupported,
     InsufficientWorkspace,
     OutOfMemory,
@@ -19,6 +20,7 @@ impl Status {
     fn from_raw(status: sys::moekit_status_t) -> Status {
         match status {
             sys::MOEKIT_STATUS_INVALID_VALUE => Status::InvalidValue,
+            sys::MOEKIT_STATUS_VALIDATION_FAILED => Status::ValidationFailed,
             sys::MOEKIT_STATUS_NOT_SUPPORTED => Status::NotSupported,
             sys::MOEKIT_STATUS_INSUFFICIENT_WORKSPACE => Status::InsufficientWorkspace,
             sys::MOEKIT_STATUS_OUT_OF_MEMORY => Status::OutOfMemory,
@@ -31,6 +33,7 @@ impl Status {
     fn to_raw(self) -> sys::moekit_status_t {
         match self {
             Status::InvalidValue => sys::MOEKIT_STATUS_INVALID_VALUE,
+            Status::ValidationFailed => sys::MOEKIT_STATUS_VALIDATION_FAILED,
             Status::NotSupported => sys::MOEKIT_STATUS_NOT_SUPPORTED,
             Status::InsufficientWorkspace => sys::MOEKIT_STATUS_INSUFFICIENT_WORKSPACE,
             Status::OutOfMemory => sys::MOEKIT_STATUS_OUT_OF_MEMORY,
