@@ -378,6 +378,32 @@ TEST_CASE("CUDA token-major experts match the reference: H and I not multiples o
   check_token_experts(accumulate, 43);
 }
 
+// What the CUDA kernels do not take is NOT_SUPPORTED at plan creation, with a message, and the reference backend
+// serves the same descriptor: a framework can fall back to it.
+TEST_CASE("CUDA token-major experts: fp32 storage and widths off 8 elements are not supported, and say so",
+          "[gpu][layer][token_experts]") {
+  Handles h;
+  const auto refused = [&](const Config& c, const char* named) {
+    INFO(c.describe());
+    moekit_moe_desc_t d = layer_desc(c);
+    moekit_plan_t plan = nullptr;
+    REQUIRE(moekit_token_experts_plan_create(h.cuda, &d, &plan) == MOEKIT_STATUS_NOT_SUPPORTED);
+    REQUIRE(plan == nullptr);
+    REQUIRE(moekit_test::last_error().find(named) != std::string::npos);
+    MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(h.reference, &d, &plan));
+    moekit_plan_destroy(plan);
+  };
+  Config fp32;
+  fp32.dtype = MOEKIT_DTYPE_FP32;
+  refused(fp32, "dtype");
+  Config hidden;
+  hidden.hidden = 60;
+  refused(hidden, "multiple of 8");
+  Config inter;
+  inter.inter = 20;
+  refused(inter, "multiple of 8");
+}
+
 // N = 0 (an expert-parallel rank that received no token): nothing to compute, but the weight gradients are still
 // beta times their old values, zeros with beta = 0.
 TEST_CASE("CUDA token-major experts at N = 0 write zero weight gradients", "[gpu][layer][token_experts]") {
