@@ -345,7 +345,7 @@ TEST_CASE("CUDA token-major experts match the reference: one expert takes every 
 }
 
 TEST_CASE("CUDA token-major experts match the reference: H and I not multiples of 64, activations, options",
-          "[gpu][layer][token_experts][sanitize]") {
+          "[gpu][layer][token_experts]") {
   Config odd;  // H = 72, I = 24 (2I = 48): no tile multiple anywhere
   odd.hidden = 72;
   odd.inter = 24;
