@@ -655,9 +655,10 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
  * weight_grad_dtype of moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields
  * are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
  * serves every N in 0..max_tokens; all memory is the caller's.
- * Both backends compute it; the CUDA backend takes bf16 or fp16 storage, H and I multiples of 8, and gives the MoE
- * layer's bits for out and the weight gradients on the same routing. The run functions only enqueue work (no host
- * synchronisation, no allocation: the grouping stays on the device), so they can be captured in a CUDA graph. */
+ * Both backends compute it. The CUDA backend takes bf16 or fp16 storage with H and I multiples of 8 (other plans:
+ * NOT_SUPPORTED) and gives the MoE layer's bits for out and the weight gradients on the same routing. The run
+ * functions only enqueue work (no host synchronisation, no allocation: the grouping stays on the device), so they
+ * can be captured in a CUDA graph. */
 MOEKIT_API moekit_status_t moekit_token_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
                                                             moekit_plan_t* plan);
 
