@@ -726,12 +726,13 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
  * out_t = beta_out out_t: zeros with beta_out = 0, never garbage.
  * Uses the fields max_tokens (the bound of N), top_k (K >= 1, not bounded by experts), hidden, intermediate,
  * experts (the local experts E), activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
- * weight_grad_dtype and backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields
- * are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
+ * weight_grad_dtype and backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t; expert_begin
+ * must be 0 (the ids are already local); the router fields are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
  * serves every N in 0..max_tokens; all memory is the caller's.
- * Backends: the reference backend computes it; on a CUDA handle, plan creation returns MOEKIT_STATUS_NOT_SUPPORTED
- * with a message for now. Its run functions follow the rules of every run function here: they only enqueue work
- * (no host synchronisation, no allocation), so a CUDA implementation is graph-capturable. */
+ * Both backends compute it. The CUDA backend takes bf16 or fp16 storage with H and I multiples of 8 (other plans:
+ * NOT_SUPPORTED) and gives the MoE layer's bits for out and the weight gradients on the same routing. The run
+ * functions only enqueue work (no host synchronisation, no allocation: the grouping stays on the device), so they
+ * can be captured in a CUDA graph. */
 MOEKIT_API moekit_status_t moekit_token_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
                                                             moekit_plan_t* plan);
 

@@ -64,7 +64,7 @@ class CudaBackend final : public Backend {
   void moe_layer_sizes(moekit_plan& plan) const;
   void experts_layer_sizes(moekit_plan& plan) const;     // experts_layer_ops.cpp
   void sparse_ffn_layer_sizes(moekit_plan& plan) const;  // sparse_ffn_layer_ops.cpp
-  void token_experts_sizes(moekit_plan& plan) const;     // token_experts_ops.cpp: NOT_SUPPORTED for now
+  void token_experts_sizes(moekit_plan& plan) const;     // token_experts_ops.cpp
   void allocate_record();                                // validation_ops.cpp
 
   int device_index_;

@@ -251,12 +251,12 @@ inline moekit_plan combine_plan(const moekit_plan& layer, int64_t max_tokens, in
   return p;
 }
 
-// The dispatch of a call's int32 ids [T, K] into the routing metadata.
-inline moekit_dispatch_args_t dispatch_args(const int32_t* indices, const Routing& r, int64_t T, int64_t K,
-                                            int64_t E, int dev) {
+// The dispatch of a call's ids [T, K] (int32 or int64) into the routing metadata.
+inline moekit_dispatch_args_t dispatch_args(const moekit_tensor_t& indices, const Routing& r, int64_t E, int dev) {
+  const int64_t T = indices.shape[0], K = indices.shape[1];
   moekit_dispatch_args_t g;
   moekit_dispatch_args_init(&g);
-  g.indices = device_view(const_cast<int32_t*>(indices), MOEKIT_DTYPE_INT32, {T, K}, dev);
+  g.indices = indices;
   g.expert_offsets = device_view(r.offsets, MOEKIT_DTYPE_INT32, {E + 1}, dev);
   g.gather_idx = device_view(r.gather_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);
   g.pair_idx = device_view(r.pair_idx, MOEKIT_DTYPE_INT32, {T * K}, dev);

@@ -3,12 +3,10 @@
 // so a forward + backward can be captured in a CUDA graph and replayed with any routing (the per-expert counts live
 // on the device only).
 //
-// Forward: logits = x Wr^T (cuBLASLt) -> router -> dispatch -> up GEMM (x rows gathered, gated epilogue: h, a)
-// -> down GEMM (+ b2) -> combine into out. Saved: the logits, scores, int32 indices and h; the dispatch is
-// recomputed from the indices in the backward (docs/math.md section 4).
-// Backward: dispatch -> dgated GEMM (dout rows gathered @ W2: dh, a', ds) -> db2 + the dout.b2 part of ds ->
-// router backward (dlogits) -> input gradient: dxe = dh W1, dx = beta dx + sum of dxe, dx += dlogits Wr;
-// weight gradients: dW2 = dout^T a', dW1 = dh^T x, db1, db2, dWr = dlogits^T x.
+// Forward: logits = x Wr^T (cuBLASLt) -> router -> the routed experts (routed_experts.h: dispatch, up and down
+// GEMMs, combine into out). Saved: the logits, scores, int32 indices, the dispatch and h.
+// Backward: the routed experts' backward (dh, a', ds, db2, dx from the experts, dW2, dW1, db1) -> router backward
+// (dlogits) -> dx += dlogits Wr, dWr = dlogits^T x.
 //
 // NOTE: the saved buffer is device memory; checking its header against the plan would need a host
 // synchronisation, so the backward trusts it (the reference backend checks it). The forward still writes the
@@ -25,6 +23,7 @@
 #include "src/cuda_backend/cuda_backend.h"
 #include "cuda/dense/dense_gemm.h"
 #include "src/cuda_backend/layer_chain.h"
+#include "src/cuda_backend/routed_experts.h"
 #include "cuda/layers/layer_kernels.h"
 #include "cuda/common/status_error.h"
 #include "cuda/layers/saved_header.h"
@@ -37,15 +36,14 @@ namespace {
 
 // Every building block of a layer call, as a plan of its own.
 struct MoePlans {
-  moekit_plan router, dispatch, combine;
-  ExpertMlpPlans mlp;
+  moekit_plan router;
+  RoutedPlans routed;
 
   // The plans a forward, or a backward, runs (the backward's dispatch and combine are the forward's).
   std::vector<std::pair<const char*, moekit_plan*>> used(bool backward) {
-    if (backward) return mlp.used(true);
-    std::vector<std::pair<const char*, moekit_plan*>> all{
-        {"router", &router}, {"dispatch", &dispatch}, {"combine", &combine}};
-    for (const auto& named : mlp.used(false)) all.push_back(named);
+    if (backward) return routed.used(true);
+    std::vector<std::pair<const char*, moekit_plan*>> all{{"router", &router}};
+    for (const auto& named : routed.used(false)) all.push_back(named);
     return all;
   }
 };
@@ -64,11 +62,7 @@ MoePlans moe_plans(const moekit_plan& layer) {
   p.router.router.dtype = d.dtype;
   p.router.router.load_balance_coeff = d.load_balance_coeff;
   p.router.router.z_loss_coeff = d.z_loss_coeff;
-
-  p.dispatch = dispatch_plan(layer, d.max_tokens, d.top_k, d.experts, d.expert_begin);
-  p.combine = combine_plan(layer, d.max_tokens, d.top_k, d.hidden, d.dtype);
-
-  p.mlp = expert_mlp_plans(layer, GroupedRows{d.max_tokens * d.top_k, d.max_tokens}, true);
+  p.routed = routed_plans(layer);
   return p;
 }
 
@@ -78,24 +72,19 @@ MoePlans moe_plans(const moekit_plan& layer) {
 struct MoeBuffers {
   void* scratch;
   size_t scratch_bytes;
-  Routing routing;
-  // Saved (workspace in inference mode): the router's outputs and h.
+  // Saved (workspace in inference mode): the router's outputs, then the routed experts' dispatch and h.
   void* logits;
   float* scores;
   int32_t* indices;
-  void* h;
-  // Forward only.
-  void *a, *y;
+  RoutedBuffers routed;
   // Backward only.
-  float* ds;
-  void *dh, *a_scaled, *dxe, *dlogits;
+  void* dlogits;
   size_t workspace_end, saved_end;
 };
 
 MoeBuffers moe_buffers(const moekit_plan& layer, void* workspace, void* saved, bool backward) {
   const moekit_moe_desc_t& d = layer.moe;
-  const int64_t T = d.max_tokens, P = T * d.top_k, E = d.experts;
-  const int64_t hw = h_width(d);
+  const int64_t T = d.max_tokens, P = T * d.top_k;
   const size_t es = storage_bytes(d.dtype);
   MoeBuffers b{};
   b.scratch_bytes = kDenseGemmWorkspaceBytes;
@@ -111,19 +100,10 @@ MoeBuffers moe_buffers(const moekit_plan& layer, void* workspace, void* saved, b
   b.scores = kept.take<float>(P);
   b.indices = kept.take<int32_t>(P);
   // The dispatch's output is saved too: the backward reads it instead of dispatching again (~30 us at T = 24576).
-  b.routing = take_routing(kept, E, P);
-  b.h = kept.take(static_cast<size_t>(P * hw) * es);
+  take_routed_saved(kept, d, b.routed);
   b.saved_end = saving ? sv.end() : 0;
-  if (!backward) {
-    b.a = ws.take(static_cast<size_t>(P * d.intermediate) * es);
-    b.y = ws.take(static_cast<size_t>(P * d.hidden) * es);
-  } else {
-    b.ds = ws.take<float>(P);
-    b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * hw) * es);
-    b.a_scaled = ws.take(static_cast<size_t>(P * d.intermediate) * es);
-    b.dxe = ws.take(static_cast<size_t>(P * d.hidden) * es);
-    b.dlogits = ws.take(static_cast<size_t>(T * d.router_experts) * es);
-  }
+  take_routed_scratch(ws, d, backward, b.routed);
+  if (backward) b.dlogits = ws.take(static_cast<size_t>(T * d.router_experts) * es);
   b.workspace_end = ws.end();
   return b;
 }
@@ -146,7 +126,7 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   const MoePlans& p = layer_parts<MoePlans>(plan);
   const MoeBuffers b = moe_buffers(plan, ws.data, saved, false);
   const Workspace scratch{b.scratch, b.scratch_bytes};
-  const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
+  const int64_t T = args.x.shape[0], K = d.top_k, RE = d.router_experts;
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
@@ -166,21 +146,8 @@ void CudaBackend::moe_forward(const moekit_plan& plan, const moekit_moe_fwd_args
   r.z_loss = args.z_loss;
   router_forward(p.router, r, scratch, stream);
 
-  const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
-  dispatch(p.dispatch, g, scratch, stream);
-
-  const int64_t hw = p.mlp.up.gemm.n;
-  moekit_gemm_args_t up = gemm_args(args.x, args.w1, g.expert_offsets, device_view(b.h, dt, {P, hw}, dev));
-  up.gather_idx = g.gather_idx;
-  up.bias = args.b1;
-  up.act = device_view(b.a, dt, {P, d.intermediate}, dev);
-  gemm(p.mlp.up, up, scratch, stream);
-
-  moekit_gemm_args_t down = gemm_args(up.act, args.w2, g.expert_offsets, device_view(b.y, dt, {P, d.hidden}, dev));
-  down.bias = args.b2;
-  gemm(p.mlp.down, down, scratch, stream);
-
-  combine(p.combine, combine_args(down.c, r.scores, g.grouped_pos, args.out, args.beta_out), scratch, stream);
+  const RoutedCall call = routed_call(*this, plan, p.routed, b.routed, r.indices, scratch, stream, dev);
+  routed_forward(call, RoutedForward{args.x, r.scores, args.w1, args.b1, args.w2, args.b2, args.out, args.beta_out});
 
   if (args.scores.data)
     copy_rows(args.scores.data, row_stride(args.scores), b.scores, T, K, sizeof(float), stream,
@@ -208,60 +175,27 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   // lets one carving serve both directions.
   const MoeBuffers b = moe_buffers(plan, ws.data, const_cast<void*>(saved), true);
   const Workspace scratch{b.scratch, b.scratch_bytes};
-  const int64_t T = args.x.shape[0], K = d.top_k, P = T * K, E = d.experts, RE = d.router_experts;
-  const int64_t hw = p.mlp.up.gemm.n;
+  const int64_t T = args.x.shape[0], K = d.top_k, RE = d.router_experts;
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
   // The forward's dispatch of these indices, from the saved buffer.
-  const moekit_dispatch_args_t g = dispatch_args(b.indices, b.routing, T, K, E, dev);
-
-  // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
-  if (P > 0) check_cuda(cudaMemsetAsync(b.ds, 0, static_cast<size_t>(P) * sizeof(float), stream), "ds clear");
-  const moekit_tensor_t scores_flat = device_view(b.scores, MOEKIT_DTYPE_FP32, {P}, dev);
-  const moekit_tensor_t ds_flat = device_view(b.ds, MOEKIT_DTYPE_FP32, {P}, dev);
-  moekit_gemm_args_t dg = gemm_args(args.dout, args.w2, g.expert_offsets, device_view(b.dh, dt, {P, hw}, dev));
-  dg.gather_idx = g.gather_idx;
-  dg.h = device_view(b.h, dt, {P, hw}, dev);
-  dg.act = device_view(b.a_scaled, dt, {P, d.intermediate}, dev);
-  dg.row_scale = scores_flat;
-  dg.pair_idx = g.pair_idx;
-  dg.dscores = ds_flat;
-  gemm(p.mlp.dgated, dg, scratch, stream);
-
-  if (d.has_b2) {
-    moekit_db2_ds_args_t bd;
-    moekit_db2_ds_args_init(&bd);
-    bd.dout = args.dout;
-    bd.scores = device_view(b.scores, MOEKIT_DTYPE_FP32, {T, K}, dev);
-    bd.b2 = args.b2;
-    bd.offsets = g.expert_offsets;
-    bd.gather_idx = g.gather_idx;
-    bd.pair_idx = g.pair_idx;
-    if (weight_grad) bd.db2 = args.db2;
-    bd.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
-    bd.beta = args.beta_db2;
-    db2_ds(p.mlp.db2, bd, scratch, stream);
-  }
+  const moekit_tensor_t indices = device_view(b.indices, MOEKIT_DTYPE_INT32, {T, K}, dev);
+  const moekit_tensor_t scores = device_view(b.scores, MOEKIT_DTYPE_FP32, {T, K}, dev);
+  const RoutedCall call = routed_call(*this, plan, p.routed, b.routed, indices, scratch, stream, dev);
+  routed_backward(call, routed_backward_args(args, scores));
 
   moekit_router_bwd_args_t rb;
   moekit_router_bwd_args_init(&rb);
   rb.logits = device_view(b.logits, dt, {T, RE}, dev);
-  rb.indices = g.indices;
-  rb.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
+  rb.indices = indices;
+  rb.dscores = device_view(b.routed.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
   rb.dlogits = device_view(b.dlogits, dt, {T, RE}, dev);
   rb.dload_balance_loss = args.dload_balance_loss;
   rb.dz_loss = args.dz_loss;
   router_backward(p.router, rb, scratch, stream);
 
   if (input_grad) {
-    const moekit_gemm_args_t dx_e =
-        gemm_args(dg.c, args.w1, g.expert_offsets, device_view(b.dxe, dt, {P, d.hidden}, dev));
-    gemm(p.mlp.dxe, dx_e, scratch, stream);
-
-    combine(p.combine, combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, args.dx, args.beta_dx), scratch,
-            stream);
-
     // dx += dlogits [T, RE] Wr [RE, H], rounded again.
     const DenseGemm router_dx{cuda_type(dt), cuda_type(dt), T, d.hidden, RE, false, false, RE,
                               row_stride(args.w_router), row_stride(args.dx), 1.0f, 1.0f};
@@ -270,14 +204,6 @@ void CudaBackend::moe_backward(const moekit_plan& plan, const moekit_moe_bwd_arg
   }
 
   if (weight_grad) {
-    moekit_gemm_args_t w2g = gemm_args(args.dout, dg.act, g.expert_offsets, args.dw2, args.beta_dw2);
-    w2g.gather_idx = g.gather_idx;
-    gemm(p.mlp.dw2, w2g, scratch, stream);
-    moekit_gemm_args_t w1g = gemm_args(dg.c, args.x, g.expert_offsets, args.dw1, args.beta_dw1);
-    w1g.gather_idx = g.gather_idx;
-    gemm(p.mlp.dw1, w1g, scratch, stream);
-    if (d.has_b1) db1(p.mlp.db1, row_sum_args(dg.c, g.expert_offsets, args.db1, args.beta_db1), scratch, stream);
-
     // dWr [RE, H] = dlogits^T (stored [T, RE]) x [T, H].
     const DenseGemm router_dw{cuda_type(dt), cuda_type(args.dw_router.dtype), RE, d.hidden, T, true, false, RE,
                               row_stride(args.x), row_stride(args.dw_router), 1.0f,

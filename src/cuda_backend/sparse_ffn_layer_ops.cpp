@@ -181,7 +181,7 @@ void CudaBackend::sparse_ffn_forward(const moekit_plan& plan, const moekit_spars
   select.counts = device_view(b.counts, MOEKIT_DTYPE_INT32, {NG}, dev);
   group_select(p.select, select, scratch, stream);
 
-  const moekit_dispatch_args_t g = dispatch_args(b.groups, b.routing, T, K, NG, dev);
+  const moekit_dispatch_args_t g = dispatch_args(select.groups, b.routing, NG, dev);
   dispatch(p.dispatch, g, scratch, stream);
 
   layers::copy_gate_up_to_experts(ffn_groups(d), matrix(args.w_gate), matrix(args.w_up), b.w1, stream);
@@ -222,7 +222,8 @@ void CudaBackend::sparse_ffn_backward(const moekit_plan& plan, const moekit_spar
   const int32_t dt = d.dtype;
   const int dev = device_index_;
 
-  const moekit_dispatch_args_t g = dispatch_args(b.groups, b.routing, T, K, NG, dev);
+  const moekit_dispatch_args_t g =
+      dispatch_args(device_view(b.groups, MOEKIT_DTYPE_INT32, {T, K}, dev), b.routing, NG, dev);
   dispatch(p.dispatch, g, scratch, stream);
 
   // dA = dout Wd[:, g] per grouped row, never rounded; dh = [dgate | dup] and a' = a (scores of 1), rounded.

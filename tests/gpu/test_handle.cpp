@@ -27,21 +27,3 @@ TEST_CASE("a CUDA handle is created on a Hopper GPU and rejects host tensors", "
   REQUIRE(last_error().find("logits") != std::string::npos);
   moekit_plan_destroy(plan);
 }
-
-TEST_CASE("the experts on token-major rows are not supported on a CUDA handle yet, and say so", "[gpu][handle]") {
-  Handles handles;
-  moekit_moe_desc_t desc;
-  moekit_moe_desc_init(&desc);
-  desc.max_tokens = 16;
-  desc.hidden = 64;
-  desc.intermediate = 32;
-  desc.router_experts = desc.experts = 4;
-  desc.top_k = 2;
-  moekit_plan_t plan = nullptr;
-  REQUIRE(moekit_token_experts_plan_create(handles.cuda, &desc, &plan) == MOEKIT_STATUS_NOT_SUPPORTED);
-  REQUIRE(last_error().find("token-major") != std::string::npos);
-  REQUIRE(plan == nullptr);
-  // The reference backend serves the same descriptor: a framework can fall back to it.
-  MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(handles.reference, &desc, &plan));
-  moekit_plan_destroy(plan);
-}

@@ -1,0 +1,137 @@
+// The expert half of a routed layer on the CUDA backend: its plans, its buffers and its steps (routed_experts.h).
+#include "src/cuda_backend/routed_experts.h"
+
+#include <cuda_runtime.h>
+
+#include "cuda/common/cuda_check.h"
+
+namespace moekit {
+inline namespace v0 {
+namespace cuda {
+
+std::vector<std::pair<const char*, moekit_plan*>> RoutedPlans::used(bool backward) {
+  if (backward) return mlp.used(true);
+  std::vector<std::pair<const char*, moekit_plan*>> all{{"dispatch", &dispatch}, {"combine", &combine}};
+  for (const auto& named : mlp.used(false)) all.push_back(named);
+  return all;
+}
+
+RoutedPlans routed_plans(const moekit_plan& layer) {
+  const moekit_moe_desc_t& d = layer.moe;
+  RoutedPlans p;
+  p.dispatch = dispatch_plan(layer, d.max_tokens, d.top_k, d.experts, d.expert_begin);
+  p.combine = combine_plan(layer, d.max_tokens, d.top_k, d.hidden, d.dtype);
+  p.mlp = expert_mlp_plans(layer, GroupedRows{d.max_tokens * d.top_k, d.max_tokens}, true);
+  return p;
+}
+
+void take_routed_saved(Carve& kept, const moekit_moe_desc_t& d, RoutedBuffers& b) {
+  const int64_t P = d.max_tokens * d.top_k;
+  b.routing = take_routing(kept, d.experts, P);
+  b.h = kept.take(static_cast<size_t>(P * h_width(d)) * storage_bytes(d.dtype));
+}
+
+void take_routed_scratch(Carve& ws, const moekit_moe_desc_t& d, bool backward, RoutedBuffers& b) {
+  const int64_t P = d.max_tokens * d.top_k;
+  const size_t es = storage_bytes(d.dtype);
+  if (!backward) {
+    b.a = ws.take(static_cast<size_t>(P * d.intermediate) * es);
+    b.y = ws.take(static_cast<size_t>(P * d.hidden) * es);
+    return;
+  }
+  b.ds = ws.take<float>(P);
+  b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * h_width(d)) * es);
+  b.a_scaled = ws.take(static_cast<size_t>(P * d.intermediate) * es);
+  b.dxe = ws.take(static_cast<size_t>(P * d.hidden) * es);
+}
+
+RoutedCall routed_call(CudaBackend& backend, const moekit_plan& layer, const RoutedPlans& plans,
+                       const RoutedBuffers& buffers, const moekit_tensor_t& ids, Workspace scratch,
+                       cudaStream_t stream, int device) {
+  return RoutedCall{backend, layer.moe, plans, buffers, dispatch_args(ids, buffers.routing, layer.moe.experts, device),
+                    scratch, stream, device};
+}
+
+void routed_forward(const RoutedCall& call, const RoutedForward& f) {
+  const moekit_moe_desc_t& d = call.desc;
+  const RoutedPlans& p = call.plans;
+  const RoutedBuffers& b = call.buffers;
+  const moekit_dispatch_args_t& g = call.routing;
+  const int64_t P = g.gather_idx.shape[0];
+  const int dev = call.device;
+  call.backend.dispatch(p.dispatch, g, call.scratch, call.stream);
+
+  moekit_gemm_args_t up = gemm_args(f.x, f.w1, g.expert_offsets, device_view(b.h, d.dtype, {P, h_width(d)}, dev));
+  up.gather_idx = g.gather_idx;
+  up.bias = f.b1;
+  up.act = device_view(b.a, d.dtype, {P, d.intermediate}, dev);
+  call.backend.gemm(p.mlp.up, up, call.scratch, call.stream);
+
+  moekit_gemm_args_t down =
+      gemm_args(up.act, f.w2, g.expert_offsets, device_view(b.y, d.dtype, {P, d.hidden}, dev));
+  down.bias = f.b2;
+  call.backend.gemm(p.mlp.down, down, call.scratch, call.stream);
+
+  call.backend.combine(p.combine, combine_args(down.c, f.weights, g.grouped_pos, f.out, f.beta_out), call.scratch,
+                       call.stream);
+}
+
+void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
+  const moekit_moe_desc_t& d = call.desc;
+  const RoutedPlans& p = call.plans;
+  const RoutedBuffers& b = call.buffers;
+  const moekit_dispatch_args_t& g = call.routing;
+  const int64_t T = g.indices.shape[0], K = g.indices.shape[1], P = T * K, hw = h_width(d);
+  const int dev = call.device;
+  CudaBackend& run = call.backend;
+
+  // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
+  if (P > 0)
+    check_cuda(cudaMemsetAsync(b.ds, 0, static_cast<size_t>(P) * sizeof(float), call.stream), "ds clear");
+  moekit_gemm_args_t dg = gemm_args(a.dout, a.w2, g.expert_offsets, device_view(b.dh, d.dtype, {P, hw}, dev));
+  dg.gather_idx = g.gather_idx;
+  dg.h = device_view(b.h, d.dtype, {P, hw}, dev);
+  dg.act = device_view(b.a_scaled, d.dtype, {P, d.intermediate}, dev);
+  dg.row_scale = device_view(a.weights.data, MOEKIT_DTYPE_FP32, {P}, dev);
+  dg.pair_idx = g.pair_idx;
+  dg.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {P}, dev);
+  run.gemm(p.mlp.dgated, dg, call.scratch, call.stream);
+
+  if (d.has_b2) {
+    moekit_db2_ds_args_t bd;
+    moekit_db2_ds_args_init(&bd);
+    bd.dout = a.dout;
+    bd.scores = device_view(a.weights.data, MOEKIT_DTYPE_FP32, {T, K}, dev);
+    bd.b2 = a.b2;
+    bd.offsets = g.expert_offsets;
+    bd.gather_idx = g.gather_idx;
+    bd.pair_idx = g.pair_idx;
+    if (a.weight_grad) bd.db2 = a.db2;
+    bd.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {T, K}, dev);
+    bd.beta = a.beta_db2;
+    run.db2_ds(p.mlp.db2, bd, call.scratch, call.stream);
+  }
+
+  if (a.input_grad) {
+    const moekit_gemm_args_t dx_e =
+        gemm_args(dg.c, a.w1, g.expert_offsets, device_view(b.dxe, d.dtype, {P, d.hidden}, dev));
+    run.gemm(p.mlp.dxe, dx_e, call.scratch, call.stream);
+    run.combine(p.combine, combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, a.dx, a.beta_dx), call.scratch,
+                call.stream);
+  }
+
+  if (a.weight_grad) {
+    moekit_gemm_args_t w2g = gemm_args(a.dout, dg.act, g.expert_offsets, a.dw2, a.beta_dw2);
+    w2g.gather_idx = g.gather_idx;
+    run.gemm(p.mlp.dw2, w2g, call.scratch, call.stream);
+    moekit_gemm_args_t w1g = gemm_args(dg.c, a.x, g.expert_offsets, a.dw1, a.beta_dw1);
+    w1g.gather_idx = g.gather_idx;
+    run.gemm(p.mlp.dw1, w1g, call.scratch, call.stream);
+    if (d.has_b1)
+      run.db1(p.mlp.db1, row_sum_args(dg.c, g.expert_offsets, a.db1, a.beta_db1), call.scratch, call.stream);
+  }
+}
+
+}  // namespace cuda
+}  // namespace v0
+}  // namespace moekit
