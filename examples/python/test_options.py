@@ -185,6 +185,20 @@ class MoELayerOptions(Case):
                 else:
                     self.assertIsNone(leaf.grad, name)
 
+    def test_backward_overwrites_saved_gives_the_same_gradients_once(self):
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        want_out, want = _run(_moe, inputs, dout)
+        got_out, got = _run(_moe, inputs, dout, backward_overwrites_saved=True)
+        self.assertTrue(torch.equal(got_out, want_out))
+        for name in want:
+            self.assertTrue(torch.equal(got[name], want[name]), name)
+        # The saved buffer is spent by the first backward: a second one through the same graph is refused.
+        leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+        loss = (_moe(**leaves, backward_overwrites_saved=True) * dout).sum()
+        loss.backward(retain_graph=True)
+        self.assert_names(moekit.MoekitError, "saved", loss.backward)
+
     def test_bad_arguments_name_themselves(self):
         inputs = _moe_inputs()
         self.assert_names(ValueError, "router", _moe, **inputs, router="softmax")

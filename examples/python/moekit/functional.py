@@ -136,7 +136,7 @@ def _sparse_extras(t, options):
                 counts=x.new_empty((t["w_gate"].shape[0] // options["group_size"],), dtype=torch.int32))
 
 
-_EXPERT_OPTIONS = ("activation", "glu_layout", "weight_grad_dtype")
+_EXPERT_OPTIONS = ("activation", "glu_layout", "weight_grad_dtype", "backward_overwrites_saved")
 MOE = _LayerSpec("moe", "moe", _capi.MoeDesc, "moekit_moe_desc_init", _capi.MoeFwdArgs, _capi.MoeBwdArgs,
                  inputs=("x", "w_router", "router_bias", "w1", "b1", "w2", "b2"),
                  weights=("w_router", "w1", "b1", "w2", "b2"), bwd_inputs=("x", "w_router", "w1", "w2", "b2"),
@@ -402,7 +402,7 @@ def _apply(spec, tensors, options, fused):
 def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", renormalize=False,
         router_scale=1.0, router_bias=None, activation="swiglu", glu_layout="concat", glu_limit=7.0, expert_begin=0,
         fuse_wgrad_accumulation=False, return_routing=False, load_balance_coeff=0.0, z_loss_coeff=0.0,
-        return_aux_losses=False):
+        return_aux_losses=False, backward_overwrites_saved=False):
     """The MoE layer: x [T, H], w_router [router_experts, H], w1 [E, 2I, H] ([E, I, H] for a non-gated activation),
     w2 [E, H, I], optional biases b1 [E, 2I] and b2 [E, H] -> out [T, H]; with return_routing, (out, Routing); with
     return_aux_losses, AuxLosses comes last ((out, AuxLosses) or (out, Routing, AuxLosses)).
@@ -417,11 +417,14 @@ def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", 
     ACTIVATIONS; glu_layout "concat" (gate rows, then up rows) or "interleaved"; glu_limit: swiglu_oai's clamp.
     W1 and W2 hold the local experts expert_begin .. expert_begin + E - 1 of the router's; pairs routed to other
     experts are dropped. fuse_wgrad_accumulation: the backward adds each weight's gradient into its `main_grad`
-    (fp32 or the weight dtype) instead of returning it."""
+    (fp32 or the weight dtype) instead of returning it. backward_overwrites_saved: the backward writes dh over the
+    saved h, so it needs [T * top_k, 2I] elements less memory (docs/api.md), and the graph's backward may run once
+    only (no retain_graph: a second backward is an error on the CPU and garbage on the GPU)."""
     options = dict(top_k=top_k, router=_choice("router", router, ROUTERS), renormalize=int(bool(renormalize)),
                    expert_begin=expert_begin, activation=_choice("activation", activation, ACTIVATIONS),
                    glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), router_scale=router_scale,
-                   glu_limit=glu_limit, load_balance_coeff=float(load_balance_coeff), z_loss_coeff=float(z_loss_coeff))
+                   glu_limit=glu_limit, load_balance_coeff=float(load_balance_coeff), z_loss_coeff=float(z_loss_coeff),
+                   backward_overwrites_saved=int(bool(backward_overwrites_saved)))
     tensors = dict(x=x, w_router=w_router, router_bias=router_bias, w1=w1, b1=b1, w2=w2, b2=b2)
     out, scores, indices, counts, lb_loss, z_loss = _apply(MOE, tensors, options, fuse_wgrad_accumulation)
     result = (out,) + ((Routing(scores, indices, counts),) if return_routing else ())
@@ -435,13 +438,14 @@ def offsets_from_counts(counts):
 
 
 def experts(x, expert_offsets, w1, w2, *, b1=None, b2=None, activation="swiglu", glu_layout="concat", glu_limit=7.0,
-            fuse_wgrad_accumulation=False):
+            fuse_wgrad_accumulation=False, backward_overwrites_saved=False):
     """The experts alone on rows already grouped by expert: y_i = act(x_i W1[e]^T + b1[e]) W2[e]^T + b2[e] for the
     rows expert_offsets[e] .. expert_offsets[e+1] of x [P, H] (expert_offsets [E+1] int32, read on x's device, so
     P bounds the rows and the host never waits for the counts) -> y [P, H], 0 past expert_offsets[E]. The options
     are moe()'s."""
     options = dict(activation=_choice("activation", activation, ACTIVATIONS),
-                   glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), glu_limit=glu_limit)
+                   glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), glu_limit=glu_limit,
+                   backward_overwrites_saved=int(bool(backward_overwrites_saved)))
     tensors = dict(x=x, offsets=expert_offsets, w1=w1, b1=b1, w2=w2, b2=b2)
     return _apply(EXPERTS, tensors, options, fuse_wgrad_accumulation)[0]
 

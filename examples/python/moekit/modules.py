@@ -47,7 +47,8 @@ class _ExpertWeights(_Fp32Buffers):
 
     def _expert_options(self):
         return dict(b1=self.b1, b2=self.b2, activation=self.activation, glu_layout=self.glu_layout,
-                    glu_limit=self.glu_limit, fuse_wgrad_accumulation=self.fuse_wgrad_accumulation)
+                    glu_limit=self.glu_limit, fuse_wgrad_accumulation=self.fuse_wgrad_accumulation,
+                    backward_overwrites_saved=self.backward_overwrites_saved)
 
     def _expert_repr(self):
         experts, hidden, intermediate = self.w2.shape
@@ -69,7 +70,7 @@ class MoELayer(_ExpertWeights):
     def __init__(self, hidden, intermediate, experts, top_k, device=None, dtype=None, *, router="softmax_topk",
                  renormalize=False, router_scale=1.0, router_bias=False, activation="swiglu", glu_layout="concat",
                  glu_limit=7.0, bias=False, router_experts=None, expert_begin=0, fuse_wgrad_accumulation=False,
-                 load_balance_coeff=0.0, z_loss_coeff=0.0):
+                 load_balance_coeff=0.0, z_loss_coeff=0.0, backward_overwrites_saved=False):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         functional._choice("router", router, functional.ROUTERS)
@@ -78,6 +79,7 @@ class MoELayer(_ExpertWeights):
         router_experts = experts if router_experts is None else router_experts
         self.top_k, self.router, self.renormalize, self.router_scale = top_k, router, renormalize, router_scale
         self.expert_begin, self.fuse_wgrad_accumulation = expert_begin, fuse_wgrad_accumulation
+        self.backward_overwrites_saved = backward_overwrites_saved
         self.load_balance_coeff, self.z_loss_coeff = load_balance_coeff, z_loss_coeff
         self.w_router = _uniform((router_experts, hidden), hidden, factory)
         self._init_experts(hidden, intermediate, experts, activation, glu_layout, glu_limit, bias, factory)
@@ -123,9 +125,11 @@ class Experts(_ExpertWeights):
     expert_offsets [experts + 1] int32) -> [P, hidden]. The options are those of moekit.functional.experts."""
 
     def __init__(self, hidden, intermediate, experts, device=None, dtype=None, *, activation="swiglu",
-                 glu_layout="concat", glu_limit=7.0, bias=False, fuse_wgrad_accumulation=False):
+                 glu_layout="concat", glu_limit=7.0, bias=False, fuse_wgrad_accumulation=False,
+                 backward_overwrites_saved=False):
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
+        self.backward_overwrites_saved = backward_overwrites_saved
         self._init_experts(hidden, intermediate, experts, activation, glu_layout, glu_limit, bias,
                            dict(device=device, dtype=dtype))
 
