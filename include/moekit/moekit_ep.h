@@ -88,7 +88,8 @@ typedef struct moekit_ep_plan* moekit_ep_plan_t;
 /* A plan for this rank. The handle (reference backend with a local communicator, CUDA with an NCCL one) and the
  * communicator are borrowed and must outlive the plan. The memory a plan asks for, with R ranks, P = max_tokens *
  * top_k and M the rows a rank may receive (EXACT: R * max_tokens * min(top_k, E); CAPACITY: R * capacity), is about
- *   workspace: (P + 3M) rows of H, M rows of 2I + I, plus the inner operations' workspaces;
+ *   workspace: (P + S + 3M) rows of H (S = P exact, R * capacity capacity), M rows of 2I + I, plus the inner
+ *              operations' workspaces;
  *   saved:     M rows of H + 2I (the received rows and their pre-activations) and the routing of the T tokens.
  * Not local memory only: it counts the all-to-all buffers. */
 MOEKIT_API moekit_status_t moekit_ep_plan_create(moekit_handle_t handle, moekit_ep_comm_t comm,

@@ -16,7 +16,6 @@ void run_backward(const moekit_ep_plan& p, const moekit_ep_bwd_args_t& args, con
   const WorkspaceLayout& w = p.workspace;
   const Plans& q = p.plans;
   RowOps& ops = *p.ops;
-  Exchange& ex = *p.exchange;
   const moekit_moe_desc_t& l = p.desc.layer;
   moekit_device_t dev = args.x.device;
   int64_t T = args.x.shape[0], K = p.top_k, H = p.hidden, E = p.experts, RE = p.router_experts, M = p.max_recv,
@@ -37,18 +36,11 @@ void run_backward(const moekit_ep_plan& p, const moekit_ep_bwd_args_t& args, con
                               reinterpret_cast<const int32_t*>(at(saved, sv.recv_counts)), stream);
 
   // dout's row of every kept pair to the expert's rank.
-  char* grouped = at(workspace, w.grouped);
-  char* grouped_s = at(workspace, w.grouped_s);
-  char* send_rows = at(workspace, w.send_rows);
-  char* send_s = at(workspace, w.send_s);
-  char* recv_rows = at(workspace, w.recv_rows);
-  char* recv_s = at(workspace, w.recv_s);
+  Route route{slot, perm, valid, TK, rows};
+  Staging row_buf{at(workspace, w.grouped), at(workspace, w.send_rows), at(workspace, w.recv_rows)};
+  Staging score_buf{at(workspace, w.grouped_s), at(workspace, w.send_s), at(workspace, w.recv_s)};
   char* dout_owner = at(workspace, w.owner_a);
-  ops.gather(grouped, args.dout.data, gather_idx, TK, valid, row, stream);
-  ops.scatter(send_rows, grouped, slot, TK, valid, row, stream);
-  ex.all_to_allv(send_rows, rows.send_base.data(), rows.send_rows.data(), recv_rows, rows.recv_base.data(),
-                 rows.recv_rows.data(), row, stream);
-  ops.scatter(dout_owner, recv_rows, perm, M, nullptr, row, stream);
+  send_to_experts(p, route, row_buf, args.dout.data, gather_idx, dout_owner, row, stream);
 
   // The experts' backward on their rows (docs/math.md section 4).
   moekit_tensor_t offsets = view(at(saved, sv.owner_offsets), MOEKIT_DTYPE_INT32, {E + 1}, dev);
@@ -113,13 +105,10 @@ void run_backward(const moekit_ep_plan& p, const moekit_ep_bwd_args_t& args, con
   // The score gradients back to the pairs' ranks; a dropped pair's stays 0.
   char* ds = at(workspace, w.ds);
   int64_t score_words = static_cast<int64_t>(p.score_bytes / sizeof(int32_t));
-  ops.gather(recv_s, ds_owner, perm, M, nullptr, p.score_bytes, stream);
-  ex.all_to_allv(recv_s, rows.recv_base.data(), rows.recv_rows.data(), send_s, rows.send_base.data(),
-                 rows.send_rows.data(), p.score_bytes, stream);
-  ops.fill(reinterpret_cast<int32_t*>(grouped_s), TK * score_words, 0, stream);
+  ops.fill(static_cast<int32_t*>(score_buf.grouped), TK * score_words, 0, stream);
   ops.fill(reinterpret_cast<int32_t*>(ds), TK * score_words, 0, stream);
-  ops.gather(grouped_s, send_s, slot, TK, valid, p.score_bytes, stream);
-  ops.scatter(ds, grouped_s, pair_idx, TK, valid, p.score_bytes, stream);
+  return_to_sources(p, route, score_buf, ds_owner, p.score_bytes, stream);
+  ops.scatter(ds, score_buf.grouped, pair_idx, TK, valid, p.score_bytes, stream);
 
   if (input_grad) {  // dx = the sum of each token's pairs' input-row gradients (the broadcast backward)
     moekit_gemm_args_t dxe;
@@ -130,13 +119,10 @@ void run_backward(const moekit_ep_plan& p, const moekit_ep_bwd_args_t& args, con
     char* dxe_owner = at(workspace, w.owner_b);
     dxe.c = view(dxe_owner, p.dtype, {M, H}, dev);
     check_inner(moekit_gemm(q.dxe, &dxe, inner, inner_bytes, stream), "expert input gradient (moekit_gemm)");
-    ops.gather(recv_rows, dxe_owner, perm, M, nullptr, row, stream);
-    ex.all_to_allv(recv_rows, rows.recv_base.data(), rows.recv_rows.data(), send_rows, rows.send_base.data(),
-                   rows.send_rows.data(), row, stream);
-    ops.gather(grouped, send_rows, slot, TK, valid, row, stream);
+    return_to_sources(p, route, row_buf, dxe_owner, row, stream);
     moekit_combine_args_t sum;
     moekit_combine_args_init(&sum);
-    sum.grouped = view(grouped, p.dtype, {TK, H}, dev);
+    sum.grouped = view(row_buf.grouped, p.dtype, {TK, H}, dev);
     sum.grouped_pos = view(at(saved, sv.kept_pos), MOEKIT_DTYPE_INT32, {TK}, dev);
     sum.out = args.dx;
     sum.beta = args.beta_dx;

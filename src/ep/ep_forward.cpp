@@ -43,6 +43,23 @@ RowLayout row_layout(const moekit_ep_plan& p, const int32_t* send_counts, const 
   return l;
 }
 
+void send_to_experts(const moekit_ep_plan& p, const Route& r, const Staging& buf, const void* src, const int32_t* pick,
+                     void* owner, size_t row_bytes, void* stream) {
+  p.ops->gather(buf.grouped, src, pick, r.pairs, r.valid, row_bytes, stream);
+  p.ops->scatter(buf.send, buf.grouped, r.slot, r.pairs, r.valid, row_bytes, stream);
+  p.exchange->all_to_allv(buf.send, r.rows.send_base.data(), r.rows.send_rows.data(), buf.recv,
+                          r.rows.recv_base.data(), r.rows.recv_rows.data(), row_bytes, stream);
+  p.ops->scatter(owner, buf.recv, r.perm, p.max_recv, nullptr, row_bytes, stream);
+}
+
+void return_to_sources(const moekit_ep_plan& p, const Route& r, const Staging& buf, const void* owner,
+                       size_t row_bytes, void* stream) {
+  p.ops->gather(buf.recv, owner, r.perm, p.max_recv, nullptr, row_bytes, stream);
+  p.exchange->all_to_allv(buf.recv, r.rows.recv_base.data(), r.rows.recv_rows.data(), buf.send,
+                          r.rows.send_base.data(), r.rows.send_rows.data(), row_bytes, stream);
+  p.ops->gather(buf.grouped, buf.send, r.slot, r.pairs, r.valid, row_bytes, stream);
+}
+
 void run_forward(const moekit_ep_plan& p, const moekit_ep_fwd_args_t& args, void* saved, void* workspace,
                  void* stream) {
   const SavedLayout& sv = p.saved;
@@ -107,24 +124,13 @@ void run_forward(const moekit_ep_plan& p, const moekit_ep_fwd_args_t& args, void
   ops.recv_layout(p.shape, recv_counts, M, perm, owner_offsets, stream);
 
   // Send each pair's token row and score to the rank of its expert; place them among the local experts' rows.
-  char* grouped = at(workspace, w.grouped);
-  char* grouped_s = at(workspace, w.grouped_s);
-  char* send_rows = at(workspace, w.send_rows);
-  char* send_s = at(workspace, w.send_s);
-  char* recv_rows = at(workspace, w.recv_rows);
-  char* recv_s = at(workspace, w.recv_s);
+  Route pairs{slot, perm, valid, TK, rows};
+  Staging row_buf{at(workspace, w.grouped), at(workspace, w.send_rows), at(workspace, w.recv_rows)};
+  Staging score_buf{at(workspace, w.grouped_s), at(workspace, w.send_s), at(workspace, w.recv_s)};
   char* x_owner = at(saved, sv.x_owner);
-  char* s_owner = at(saved, sv.s_owner);
-  ops.gather(grouped, args.x.data, gather_idx, TK, valid, row, stream);
-  ops.scatter(send_rows, grouped, slot, TK, valid, row, stream);
-  ops.gather(grouped_s, at(saved, sv.scores), pair_idx, TK, valid, p.score_bytes, stream);
-  ops.scatter(send_s, grouped_s, slot, TK, valid, p.score_bytes, stream);
-  ex.all_to_allv(send_rows, rows.send_base.data(), rows.send_rows.data(), recv_rows, rows.recv_base.data(),
-                 rows.recv_rows.data(), row, stream);
-  ex.all_to_allv(send_s, rows.send_base.data(), rows.send_rows.data(), recv_s, rows.recv_base.data(),
-                 rows.recv_rows.data(), p.score_bytes, stream);
-  ops.scatter(x_owner, recv_rows, perm, M, nullptr, row, stream);
-  ops.scatter(s_owner, recv_s, perm, M, nullptr, p.score_bytes, stream);
+  send_to_experts(p, pairs, row_buf, args.x.data, gather_idx, x_owner, row, stream);
+  send_to_experts(p, pairs, score_buf, at(saved, sv.scores), pair_idx, at(saved, sv.s_owner), p.score_bytes,
+                  stream);
 
   // The local experts on their rows.
   moekit_tensor_t offsets = view(owner_offsets, MOEKIT_DTYPE_INT32, {E + 1}, dev);
@@ -148,13 +154,10 @@ void run_forward(const moekit_ep_plan& p, const moekit_ep_fwd_args_t& args, void
   check_inner(moekit_gemm(q.down, &down, inner, inner_bytes, stream), "down projection (moekit_gemm)");
 
   // Back to the ranks the rows came from, in their grouped order, and combine.
-  ops.gather(recv_rows, y_owner, perm, M, nullptr, row, stream);
-  ex.all_to_allv(recv_rows, rows.recv_base.data(), rows.recv_rows.data(), send_rows, rows.send_base.data(),
-                 rows.send_rows.data(), row, stream);
-  ops.gather(grouped, send_rows, slot, TK, valid, row, stream);
+  return_to_sources(p, pairs, row_buf, y_owner, row, stream);
   moekit_combine_args_t combine;
   moekit_combine_args_init(&combine);
-  combine.grouped = view(grouped, p.dtype, {TK, H}, dev);
+  combine.grouped = view(row_buf.grouped, p.dtype, {TK, H}, dev);
   combine.scores = route.scores;
   combine.grouped_pos = view(kept_pos, MOEKIT_DTYPE_INT32, {TK}, dev);
   combine.out = args.out;

@@ -41,6 +41,29 @@ struct RowLayout {
 };
 RowLayout row_layout(const moekit_ep_plan& plan, const int32_t* send_counts, const int32_t* recv_counts, void* stream);
 
+// Where this rank's pairs go and come from: slot [P] (send-buffer row of grouped row i), perm [M] (local-expert row
+// of received row r), valid (device count of grouped rows), pairs (this call's T*K), and the exchange's row layout.
+struct Route {
+  const int32_t* slot;
+  const int32_t* perm;
+  const int32_t* valid;
+  int64_t pairs;
+  const RowLayout& rows;
+};
+// Staging buffers of one row exchange: grouped [P], send [S], recv [M] rows.
+struct Staging {
+  void* grouped;
+  void* send;
+  void* recv;
+};
+
+// Rows src[pick[i]] of this rank's grouped pairs to the experts' ranks, landing at owner's local-expert rows.
+void send_to_experts(const moekit_ep_plan& plan, const Route& route, const Staging& buf, const void* src,
+                     const int32_t* pick, void* owner, size_t row_bytes, void* stream);
+// The local experts' rows `owner` back to the ranks the pairs came from, into buf.grouped in their grouped order.
+void return_to_sources(const moekit_ep_plan& plan, const Route& route, const Staging& buf, const void* owner,
+                       size_t row_bytes, void* stream);
+
 }  // namespace ep
 }  // namespace v0
 }  // namespace moekit
