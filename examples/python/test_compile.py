@@ -99,8 +99,8 @@ class CustomOps(unittest.TestCase):
                 results = forward(*plain, int_options, float_options, True)
                 dout = torch.rand_like(results[0])
                 for input_grad, weight_grad in ((True, True), (True, False), (False, True)):
-                    torch.library.opcheck(backward, (dout, results[1], *plain, int_options, float_options,
-                                                     input_grad, weight_grad))
+                    torch.library.opcheck(backward, (dout, results[1], *plain, None, None, int_options,
+                                                     float_options, input_grad, weight_grad))
 
     def test_compile_fullgraph_equals_eager_bitwise(self):
         torch._dynamo.reset()

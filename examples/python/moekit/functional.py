@@ -391,8 +391,9 @@ def _apply(spec, tensors, options, fused):
         float_options = [float(options[name]) for name in spec.float_options]
         results = _FORWARD_OPS[spec.name](*_padded(inputs, _SLOTS), int_options, float_options, training)
         # The routing outputs pass no gradient (as LayerFunction marks them): detached, a use of them in a loss
-        # cannot reach the forward op's backward.
-        return (results[0],) + tuple(t.detach() for t in results[2:2 + len(spec.extras)])
+        # cannot reach the forward op's backward. The auxiliary losses keep theirs.
+        extras = zip(spec.extras, results[2:2 + len(spec.extras)])
+        return (results[0],) + tuple(t if name in spec.losses else t.detach() for name, t in extras)
     if training:
         return LayerFunction.apply(spec, options, owners, *inputs)
     out, _, extras = forward_impl(spec, tensors, options, training=False)
