@@ -777,7 +777,8 @@ MOEKIT_API moekit_status_t moekit_token_experts_forward(moekit_plan_t plan,
                                                         size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                                         void* stream);
 /* Reads `saved` as the forward of THIS plan left it, never writes it: the input- and weight-gradient calls may
- * come in either order. */
+ * come in either order. A plan with backward_overwrites_saved = 1 is the exception, as moekit_moe_backward says:
+ * dh overwrites h and one backward call per forward computes every gradient wanted. */
 MOEKIT_API moekit_status_t moekit_token_experts_backward(moekit_plan_t plan,
                                                          const moekit_token_experts_bwd_args_t* args,
                                                          const void* saved, size_t saved_bytes, void* workspace,

@@ -74,7 +74,9 @@ typedef enum moekit_ep_mode {
 typedef struct moekit_ep_desc {
   size_t struct_size;
   /* The layer on this rank, as moekit_moe_desc_t: max_tokens bounds this rank's T; experts = E, the experts each
-     rank holds; router_experts must be ranks * E; expert_begin is ignored (rank * E); inference must be 0. */
+     rank holds; router_experts must be ranks * E; expert_begin is ignored (rank * E); inference must be 0;
+     load_balance_coeff, z_loss_coeff and backward_overwrites_saved are not read (the layer computes no auxiliary
+     loss, and its backward never writes the saved buffer). */
   moekit_moe_desc_t layer;
   int32_t mode;      /* moekit_ep_mode_t; default EXACT */
   int64_t capacity;  /* CAPACITY: rows (token-expert pairs) one rank sends to one rank per call, >= 1 */
