@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <string>
@@ -181,7 +182,8 @@ struct RankRun {
   std::string error;
 };
 
-void run_rank(const Problem& p, const Global& g, moekit_ep_local_group_t group, int rank, RankRun& r) {
+void run_rank(const Problem& p, const Global& g, moekit_ep_local_group_t group, int rank, moekit_handle_t handle,
+              RankRun& r) {
   auto fail = [&](const char* what) { r.error = std::string(what) + ": " + [] {
     char buf[1024];
     moekit_ep_get_last_error(buf, sizeof buf);
@@ -190,7 +192,6 @@ void run_rank(const Problem& p, const Global& g, moekit_ep_local_group_t group, 
   int64_t begin = std::accumulate(p.tokens.begin(), p.tokens.begin() + rank, int64_t{0});
   int64_t T = p.tokens[static_cast<size_t>(rank)], E = p.experts, K = p.top_k, H = p.hidden;
   int64_t max_tokens = std::max<int64_t>(1, *std::max_element(p.tokens.begin(), p.tokens.end()));
-  ReferenceHandle handle(1);
   moekit_ep_comm_t comm = nullptr;
   if (moekit_ep_comm_create_local(group, rank, &comm) != MOEKIT_SUCCESS) return fail("comm");
   moekit_ep_desc_t d;
@@ -199,7 +200,7 @@ void run_rank(const Problem& p, const Global& g, moekit_ep_local_group_t group, 
   d.mode = p.mode;
   d.capacity = p.capacity;
   moekit_ep_plan_t plan = nullptr;
-  if (moekit_ep_plan_create(handle.handle, comm, &d, &plan) != MOEKIT_SUCCESS) {
+  if (moekit_ep_plan_create(handle, comm, &d, &plan) != MOEKIT_SUCCESS) {
     moekit_ep_comm_destroy(comm);
     return fail("plan");
   }
@@ -268,8 +269,12 @@ EpResult run_ep(const Problem& p, const Global& g) {
   moekit_ep_local_group_t group = nullptr;
   REQUIRE(moekit_ep_local_group_create(p.ranks, &group) == MOEKIT_SUCCESS);
   std::vector<RankRun> runs(static_cast<size_t>(p.ranks));
+  // NOTE: the handles are made here: ReferenceHandle asserts through Catch2, which is not thread-safe.
+  std::vector<std::unique_ptr<ReferenceHandle>> handles;
+  for (int r = 0; r < p.ranks; ++r) handles.push_back(std::make_unique<ReferenceHandle>(1));
   std::vector<std::thread> threads;
-  for (int r = 0; r < p.ranks; ++r) threads.emplace_back([&, r] { run_rank(p, g, group, r, runs[size_t(r)]); });
+  for (int r = 0; r < p.ranks; ++r)
+    threads.emplace_back([&, r] { run_rank(p, g, group, r, handles[size_t(r)]->handle, runs[size_t(r)]); });
   for (std::thread& t : threads) t.join();
   moekit_ep_local_group_destroy(group);
   for (const RankRun& r : runs) {
