@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root: the GPU tests, compute-sanitizer memcheck,
-# racecheck and initcheck, and the kernel timing programs.
+# racecheck, initcheck and synccheck, and the kernel timing programs.
 #   tests/gpu/run_on_device.sh BIN_DIR [tests|sanitize|timing|all] [SANITIZE_SPEC]
 # SANITIZE_SPEC is the Catch2 test spec the sanitizers run: "[sanitize]" (default, the reduced set of small cases
 # of every kernel family) or "~[large]~[load]" (every case but the > 2^31-element and T = 32768 x E = 4096 shapes
 # and the minute-long load cases).
 # SANITIZE_TIMEOUT (seconds per executable and tool, default 240) bounds each sanitizer run; SANITIZE_TOOLS (default
-# "memcheck racecheck initcheck") and PROGRAMS (a glob, default "moekit_gpu_test_*") narrow a run.
+# "memcheck racecheck initcheck synccheck") and PROGRAMS (a glob, default "moekit_gpu_test_*") narrow a run.
 # Output folder: $OUT (default /tmp/moekit-device-out): summary.txt, device.txt and every log packed into logs.tgz
 # (one archive instead of a file per program).
 # BIN_DIR holds the moekit_gpu_test_* and moekit_time_* executables (a build dir's tests/gpu and bench/micro
@@ -51,7 +51,7 @@ if [[ $what == sanitize || $what == all ]]; then
   sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   jobs=()
   for exe in "$bin"/${PROGRAMS:-moekit_gpu_test_*}; do
-    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck synccheck}; do
       log="$out/sanitize_${tool}_$(basename "$exe").log"
       # initcheck prints every report, without backtraces, so the summary below counts all of them by kernel.
       extra=()
