@@ -70,7 +70,7 @@ if [[ $what == sanitize || $what == all ]]; then
     # them and breaks the test. So they run, and a log counts as clean when its tests pass and every reported
     # access lies in an nvjet kernel.
     if ((rc != 0)) && [[ $tool == racecheck ]] && grep -qE '^All tests passed' "$log" &&
-      ! grep -E 'access at ' "$log" | grep -qv 'access at nvjet_'; then
+      [[ -z $(grep -E 'access at ' "$log" | grep -v 'access at nvjet_') ]]; then
       summary+=("$tool $(basename "$exe"): hazards reported only inside cuBLAS (nvjet_*) kernels:")
       summary+=("$(grep -E 'access at ' "$log" | sed -E 's/.*access at ([A-Za-z0-9_]+).*/    \1/' | sort | uniq -c)")
       rc=0
@@ -82,7 +82,7 @@ if [[ $what == sanitize || $what == all ]]; then
     # test, which hands the router logits written by cudaMemcpy, is clean under initcheck. So a log counts as
     # clean when its tests pass and every report lies in one of those kernels.
     if ((rc != 0)) && [[ $tool == initcheck ]] && grep -qE '^All tests passed' "$log" &&
-      ! report_kernels "$log" | grep -qvE 'router_forward_kernel|router_backward_kernel|group_energy_topk_kernel'; then
+      [[ -z $(report_kernels "$log" | grep -vE 'router_forward_kernel|router_backward_kernel|group_energy_topk_kernel') ]]; then
       summary+=("$tool $(basename "$exe"): reports only on reads of cuBLASLt outputs:")
       summary+=("$(report_kernels "$log" | sed -E 's/^(void )?([A-Za-z0-9_:]+).*/    \2/' | sort | uniq -c)")
       rc=0

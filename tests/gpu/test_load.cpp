@@ -127,7 +127,7 @@ void require_load_like_alone(std::vector<moekit_handle_t> handles, size_t thread
 
 }  // namespace
 
-TEST_CASE("8 threads with their own handles and streams, 8 shapes, for MOEKIT_LOAD_SECONDS: bitwise as alone",
+TEST_CASE("load: 8 threads with own handles and streams, 8 shapes, MOEKIT_LOAD_SECONDS long, bitwise as alone",
           "[gpu][layer][load]") {
   std::vector<moekit_handle_t> handles;
   for (int i = 0; i < 8; ++i) handles.push_back(cuda_handle());
