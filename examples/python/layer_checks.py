@@ -4,11 +4,31 @@ tensors, moekit's reference backend) and gpu/check_gradients_cuda.py (CUDA tenso
 
 The reference runs in fp64 on the same (rounded) inputs; the error is the whole-tensor relative norm
 ||got - want|| / ||want||, which must stay within the tolerance given for the dtype.
+
+It also holds the device that test_options.py, test_aux_losses.py, test_compile.py and test_hf.py run moekit on
+(MOEKIT_TEST_DEVICE: cpu, the reference backend, by default; cuda, the CUDA backend), its dtypes and the bf16
+tolerance. Those tests make their data on the CPU and compare there: to_device and on_device carry it to the device
+and the results back.
 """
+import os
+import sys
+import unittest
+
 import torch
 
 import moekit
 from moekit.reference import moe_reference, sparse_swiglu_reference
+
+DEVICE = torch.device(os.environ.get("MOEKIT_TEST_DEVICE", "cpu"))
+ON_CPU = DEVICE.type == "cpu"
+# The floating dtypes the device's layers store, widest first: the CUDA backend stores bf16 or fp16 (bf16 tested).
+DTYPES = (torch.float64, torch.float32, torch.bfloat16) if ON_CPU else (torch.bfloat16,)
+DTYPE = DTYPES[0]
+# Beside DTYPE storage: the dtype of router scores and of main_grad (fp32; fp64 in an fp64 plan).
+WIDE = torch.float64 if DTYPE == torch.float64 else torch.float32
+# bf16 layers against the fp64 layers of the same inputs, whole-tensor relative error: the fp64 side rounds nothing,
+# moekit rounds at docs/math.md section 8's points (section 9 holds it within 1e-2 of the reference backend).
+TOLERANCE = 2e-2
 
 
 def relative_error(got, want):
@@ -67,3 +87,64 @@ def check_sparse_swiglu(device, dtype, tolerance, tokens=64, d_model=32, d_ff=12
     }
     return _compare("sparse SwiGLU", moekit.sparse_swiglu, sparse_swiglu_reference, tensors,
                     (group_size, top_groups), device, dtype, tolerance, seed)
+
+
+def rounded(values):
+    """fp64 values rounded to DTYPE, kept in fp64: inputs that moekit on DEVICE and the fp64 oracle read alike."""
+    return values.to(DTYPE).to(values.dtype)
+
+
+def _mapped(value, move):
+    if isinstance(value, torch.Tensor):
+        return move(value)
+    if isinstance(value, tuple):
+        items = [_mapped(item, move) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    return value
+
+
+def to_device(value):
+    """A test's value as the layers on DEVICE take it: fp64 tensors in DTYPE, other tensors only moved, tuples item by
+    item. Differentiable: gradients reach the tensors given. On the CPU, the value itself."""
+    return _mapped(value, lambda t: t.to(DEVICE, DTYPE if t.dtype == torch.float64 else t.dtype))
+
+
+def to_host(value):
+    """Results on DEVICE as CPU tensors of their dtype, tuples item by item; differentiable."""
+    return _mapped(value, lambda t: t.cpu())
+
+
+def on_device(fn):
+    """fn (a moekit function or module) called on to_device of its arguments, its results through to_host."""
+    def call(*args, **kwargs):
+        return to_host(fn(*to_device(args), **{name: to_device(value) for name, value in kwargs.items()}))
+    return call
+
+
+def assert_close(got, want, rtol=None, atol=None, msg=None):
+    """A moekit result against the oracle's (or another moekit result): torch.testing.assert_close with these
+    tolerances on the CPU (fp64); elsewhere (bf16) the whole-tensor relative error within TOLERANCE, and exactly 0
+    where want is 0."""
+    if ON_CPU:
+        torch.testing.assert_close(got, want, rtol=rtol, atol=atol, msg=msg)
+        return
+    got, want = got.detach().cpu().double(), want.detach().cpu().double()
+    if got.shape != want.shape:
+        raise AssertionError("%s: shape %s, expected %s" % (msg or "result", list(got.shape), list(want.shape)))
+    error, scale = (got - want).norm().item(), want.norm().item()
+    if not error <= TOLERANCE * scale:
+        raise AssertionError("%s on %s: relative error %.3g > %g" % (msg or "result", DEVICE, error / scale
+                                                                     if scale else float("inf"), TOLERANCE))
+
+
+def cpu_only(reason):
+    """Skips, off the CPU, a check that only the reference backend makes; the skip says why."""
+    return unittest.skipUnless(ON_CPU, "CPU only: " + reason)
+
+
+def skip_unless(condition, reason):
+    """unittest.skipUnless(condition, reason) on the CPU. Off it, a test run is there to make its checks on the device:
+    a missing condition ends the run, failed (exit 1), with the reason."""
+    if not (condition or ON_CPU):
+        sys.exit("FAILED on %s: %s" % (DEVICE, reason))
+    return unittest.skipUnless(condition, reason)

@@ -1,15 +1,17 @@
-"""moekit's torch.library custom ops (torch 2.4+) on CPU tensors (moekit's reference backend), for every layer (the
-MoE layer with and without its optional inputs, the experts alone, the sparse SwiGLU FFN):
+"""moekit's torch.library custom ops (torch 2.4+) for every layer (the MoE layer with and without its optional
+inputs, the experts alone, the sparse SwiGLU FFN):
 
 - torch.library.opcheck of each forward op (training and inference plans) and each backward op;
 - torch.compile(fullgraph=True) with the default backend (Inductor) gives the eager output and gradients bit for
-  bit, in fp32;
+  bit;
 - torch.autograd.gradcheck through the compiled layer in fp64 (central differences against the library's
   backward).
 
-Run as test_moekit.py is (run_test.sh); exits 77 where torch cannot be imported; skipped where torch has no custom
-ops.
+On CPU tensors (moekit's reference backend): opcheck in fp64, torch.compile in fp32. With MOEKIT_TEST_DEVICE=cuda on
+CUDA tensors in bf16 (layer_checks.py), gradcheck (fp64) left out. Run as test_moekit.py is (run_test.sh); exits 77
+where torch cannot be imported; skipped where torch has no custom ops (a failure off the CPU).
 """
+import pathlib
 import sys
 import unittest
 
@@ -19,14 +21,20 @@ except ImportError as error:
     print("test_compile: torch cannot be imported (%s): skipped" % error)
     sys.exit(77)
 
+sys.path.append(str(pathlib.Path(__file__).resolve().parent))
+import layer_checks  # noqa: E402
 import moekit  # noqa: E402
 from moekit import functional  # noqa: E402
 
-T, H, I, E, K = 6, 8, 4, 4, 2
+# Widths in whole 16-byte vectors and 8 experts: what the CUDA backend's kernels take.
+T, H, I, E, K = 6, 8, 8, 8, 2
+# Inductor's code around the layer in fp32 where the device's layers take it (the CPU), else in their dtype.
+COMPILE_DTYPE = torch.float32 if torch.float32 in layer_checks.DTYPES else layer_checks.DTYPE
 
 
 def _uniform(generator, dtype, scale, *shape):
-    return ((torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale).to(dtype)
+    values = (torch.rand(shape, generator=generator, dtype=torch.float64) * 2 - 1) * scale
+    return values.to(layer_checks.DEVICE, dtype)
 
 
 def _layers(dtype, seed=0):
@@ -37,13 +45,14 @@ def _layers(dtype, seed=0):
     w_router = _uniform(g, dtype, 3.0, E, H)
     w1, b1 = _uniform(g, dtype, 0.5, E, 2 * I, H), _uniform(g, dtype, 0.5, E, 2 * I)
     w2, b2 = _uniform(g, dtype, 0.5, E, H, I), _uniform(g, dtype, 0.5, E, H)
-    router_bias = torch.rand(E, generator=g) * 0.1
-    offsets = torch.tensor([0, 3, 3, 7, 10], dtype=torch.int32)  # an empty expert, rows past the last one
+    router_bias, offsets, rows, lb_bias = layer_checks.to_device((
+        torch.rand(E, generator=g) * 0.1,
+        torch.tensor([0, 3, 3, 5, 7, 7, 8, 9, 10], dtype=torch.int32),  # empty experts, rows past the last one
+        functional.subsample_rows(7, 4, 16, 4),
+        torch.rand(4, generator=g) * 0.1))
     grouped = _uniform(g, dtype, 1.0, 12, H)
     w_gate, w_up = _uniform(g, dtype, 1.0, 64, H), _uniform(g, dtype, 0.5, 64, H)
     w_down = _uniform(g, dtype, 0.5, H, 64)
-    rows = functional.subsample_rows(7, 4, 16, 4)
-    lb_bias = torch.rand(4, generator=g) * 0.1
     return {
         "moe": (lambda x, w_router, w1, b1, w2, b2: moekit.moe(
             x, w_router, w1, w2, K, b1=b1, b2=b2, router="sigmoid", router_bias=router_bias, renormalize=True,
@@ -78,13 +87,13 @@ def _leaves(inputs, requires_grad=True):
     return [t.detach().clone().requires_grad_(requires_grad) for t in inputs]
 
 
-@unittest.skipUnless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
+@layer_checks.skip_unless(moekit.CUSTOM_OPS, "torch %s has no torch.library.custom_op (2.4+)" % torch.__version__)
 class CustomOps(unittest.TestCase):
     def test_opcheck_every_forward_and_backward_op(self):
         # A training forward fills the saved-activation buffer, of which the library writes only what its backward
         # reads: the check that compares every output of two runs is made on the inference plan and the backward.
         partial = ("test_schema", "test_autograd_registration", "test_faketensor")
-        for name, (fn, inputs) in _layers(torch.float64).items():
+        for name, (fn, inputs) in _layers(layer_checks.DTYPE).items():
             with self.subTest(layer=name):
                 calls = _forward_calls(fn, _leaves(inputs))
                 self.assertEqual(len(calls), 1)
@@ -104,17 +113,20 @@ class CustomOps(unittest.TestCase):
 
     def test_compile_fullgraph_equals_eager_bitwise(self):
         torch._dynamo.reset()
-        for name, (fn, inputs) in _layers(torch.float32).items():
+        for name, (fn, inputs) in _layers(COMPILE_DTYPE).items():
             with self.subTest(layer=name):
                 results = []
                 for run in (fn, torch.compile(fn, fullgraph=True)):
                     leaves = _leaves(inputs)
                     out = run(*leaves)
-                    grads = torch.autograd.grad((out * out).sum(), leaves)
+                    # The output's gradient given as it is: a loss op could round differently in Inductor's code.
+                    dout = _uniform(torch.Generator().manual_seed(1), out.dtype, 1.0, *out.shape)
+                    grads = torch.autograd.grad(out, leaves, dout)
                     results.append((out.detach(), *grads))
                 for got, want in zip(*results):
                     self.assertTrue(torch.equal(got, want), name)
 
+    @layer_checks.cpu_only("gradcheck needs fp64, which the CUDA backend does not store")
     def test_gradcheck_through_the_compiled_layer_fp64(self):
         torch._dynamo.reset()
         for name, (fn, inputs) in _layers(torch.float64).items():
@@ -125,5 +137,5 @@ class CustomOps(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    print("test_compile: torch %s" % torch.__version__)
+    print("test_compile: torch %s, on %s" % (torch.__version__, layer_checks.DEVICE))
     unittest.main(verbosity=2)
