@@ -86,6 +86,8 @@ CallChecks forward_values(const moekit_plan&, const moekit_moe_fwd_args_t& a) {
   add_expert_weight_values(c.inputs, a.w1, a.b1, a.w2, a.b2);
   add_gradient(c, "out", a.out, true, a.beta_out);
   add_finite(c.outputs, "scores", a.scores);
+  add_finite(c.outputs, "load_balance_loss", a.load_balance_loss);
+  add_finite(c.outputs, "z_loss", a.z_loss);
   return c;
 }
 
@@ -97,6 +99,8 @@ CallChecks backward_values(const moekit_plan&, const moekit_moe_bwd_args_t& a) {
   add_expert_weight_values(c.inputs, a.w1, moekit_tensor_t{}, a.w2, a.b2);
   add_expert_gradient_values(c, gradients_of(a));
   add_gradient(c, "dw_router", a.dw_router, a.compute_weight_grad != 0, a.beta_dw_router);
+  add_finite(c.inputs, "dload_balance_loss", a.dload_balance_loss);
+  add_finite(c.inputs, "dz_loss", a.dz_loss);
   return c;
 }
 

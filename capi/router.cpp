@@ -60,6 +60,8 @@ CallChecks forward_values(const moekit_plan&, const moekit_router_fwd_args_t& a)
   add_finite_or_masked(c.inputs, "logits", a.logits);
   add_finite(c.inputs, "bias", a.bias);
   add_finite(c.outputs, "scores", a.scores);
+  add_finite(c.outputs, "load_balance_loss", a.load_balance_loss);
+  add_finite(c.outputs, "z_loss", a.z_loss);
   return c;
 }
 
@@ -69,6 +71,8 @@ CallChecks backward_values(const moekit_plan& plan, const moekit_router_bwd_args
   add_index_range(c.inputs, "indices", a.indices, 0, plan.router.experts);
   add_finite(c.inputs, "dscores", a.dscores);
   if (a.accumulate) add_finite(c.inputs, "dlogits", a.dlogits);
+  add_finite(c.inputs, "dload_balance_loss", a.dload_balance_loss);
+  add_finite(c.inputs, "dz_loss", a.dz_loss);
   add_finite(c.outputs, "dlogits", a.dlogits);
   return c;
 }

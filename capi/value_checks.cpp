@@ -124,8 +124,7 @@ std::string value_failure_message(const CallChecks& checks, uint64_t code) {
   if (index >= inputs + checks.outputs.size()) return "internal: a value check reported an unknown tensor";
   const ValueCheck& c = index < inputs ? checks.inputs[index] : checks.outputs[index - inputs];
   return c.name + ": " + fault_text(c, value_failure_position(code), value_failure_fault(code)) +
-         (index < inputs ? " (MOEKIT_HANDLE_VALIDATE; the operation was not run)"
-                         : " (MOEKIT_HANDLE_VALIDATE, checked after the operation)");
+         (index < inputs ? kInputFailureEnding : kOutputFailureEnding);
 }
 
 void run_validated(Backend& backend, const CallChecks& checks, void* stream, const std::function<void()>& run) {

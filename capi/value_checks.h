@@ -49,7 +49,10 @@ bool validating(const moekit_handle& handle);
 // Inputs first; when they pass, `run` and then the outputs. Throws VALIDATION_FAILED naming the first failure.
 void run_validated(Backend& backend, const CallChecks& checks, void* stream, const std::function<void()>& run);
 
-// The message of a failure code of `checks` (numbered inputs, then outputs).
+// The message of a failure code of `checks` (numbered inputs, then outputs): "<tensor>: <fault>" and one of these
+// endings, which tell a caller whether the outputs were written.
+constexpr const char* kInputFailureEnding = " (MOEKIT_HANDLE_VALIDATE; the operation was not run)";
+constexpr const char* kOutputFailureEnding = " (MOEKIT_HANDLE_VALIDATE, checked after the operation)";
 std::string value_failure_message(const CallChecks& checks, uint64_t code);
 
 }  // namespace capi

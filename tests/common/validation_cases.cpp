@@ -95,49 +95,61 @@ ValidationCase dispatch_case(const char* name, bool general) {
   }};
 }
 
-ValidationCase router_backward_case() {
-  return ValidationCase{"router backward: an expert id past E", "indices", true, false,
-                        [](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
+// A router with the z-loss on. plant 1: an expert id past E; plant 2: a NaN upstream gradient of the z-loss.
+ValidationCase router_backward_case(const char* name, int planted) {
+  return ValidationCase{name, planted == 1 ? "indices" : "dz_loss", true, false,
+                        [planted](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
     moekit_router_desc_t d;
     moekit_router_desc_init(&d);
     d.max_tokens = kT;
     d.experts = kE;
     d.top_k = kK;
+    d.z_loss_coeff = 0.001;
     Plan p;
     CREATE_OR_RETURN(moekit_router_plan_create(h, &d, &p.plan));
     std::vector<int64_t> idx(kP);
     for (int64_t i = 0; i < kP; ++i) idx[static_cast<size_t>(i)] = (i % kK == 0) ? (i / kK) % kE : (i / kK + 1) % kE;
-    if (plant) idx[7] = kE + 5;
+    HostTensor dz(MOEKIT_DTYPE_FP32, {1});
+    dz.set(0, 1.0);
+    if (plant && planted == 1) idx[7] = kE + 5;
+    if (plant && planted == 2) dz.set(0, NAN);
     moekit_router_bwd_args_t a;
     moekit_router_bwd_args_init(&a);
     a.logits = s.put(random_tensor(MOEKIT_DTYPE_BF16, {kT, kE}, 11));
     a.indices = s.put(int_tensor({kT, kK}, idx));
     a.dscores = s.put(random_tensor(MOEKIT_DTYPE_FP32, {kT, kK}, 12));
     a.dlogits = s.put(HostTensor(MOEKIT_DTYPE_FP32, {kT, kE}));
+    a.dz_loss = s.put(dz);
     out = {a.dlogits};
     return moekit_router_backward(p.plan, &a, s.scratch(p.workspace()), p.workspace(), nullptr);
   }};
 }
 
-ValidationCase router_forward_case() {
-  return ValidationCase{"router forward: a NaN logit", "logits", true, false,
-                        [](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
+// A router with the z-loss on. plant 1: a NaN logit; plant 2: logits near 1e30 in one row, whose squared
+// log-sum-exp overflows the z-loss to inf (an output failure).
+ValidationCase router_forward_case(const char* name, int planted) {
+  return ValidationCase{name, planted == 1 ? "logits" : "z_loss", true, planted == 2,
+                        [planted](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
     moekit_router_desc_t d;
     moekit_router_desc_init(&d);
     d.max_tokens = kT;
     d.experts = kE;
     d.top_k = kK;
+    d.z_loss_coeff = 0.001;
     Plan p;
     CREATE_OR_RETURN(moekit_router_plan_create(h, &d, &p.plan));
     HostTensor logits = random_tensor(MOEKIT_DTYPE_BF16, {kT, kE}, 21);
     logits.set(2, -INFINITY);  // a masked expert is valid
-    if (plant) logits.set(9, NAN);
+    if (plant && planted == 1) logits.set(9, NAN);
+    if (plant && planted == 2)
+      for (int64_t e = 0; e < kE; ++e) logits.set(kE + e, 1e30 * (1 + e));
     moekit_router_fwd_args_t a;
     moekit_router_fwd_args_init(&a);
     a.logits = s.put(logits);
     a.scores = s.put(HostTensor(MOEKIT_DTYPE_FP32, {kT, kK}));
     a.indices = s.put(HostTensor(MOEKIT_DTYPE_INT32, {kT, kK}));
-    out = {a.scores, a.indices};
+    a.z_loss = s.put(HostTensor(MOEKIT_DTYPE_FP32, {1}));
+    out = {a.scores, a.indices, a.z_loss};
     return moekit_router_forward(p.plan, &a, s.scratch(p.workspace()), p.workspace(), nullptr);
   }};
 }
@@ -372,8 +384,10 @@ const std::vector<ValidationCase>& validation_cases() {
   static const std::vector<ValidationCase> cases = {
       dispatch_case("dispatch: an expert id below -1", false),
       dispatch_case("dispatch: decreasing tok_offsets", true),
-      router_forward_case(),
-      router_backward_case(),
+      router_forward_case("router forward: a NaN logit", 1),
+      router_forward_case("router forward: a z-loss that overflows to inf", 2),
+      router_backward_case("router backward: an expert id past E", 1),
+      router_backward_case("router backward: a NaN upstream gradient of the z-loss", 2),
       combine_case("combine: a grouped position past P", 1),
       combine_case("combine: an infinite value in a row it reads", 2),
       db1_case(),

@@ -1,12 +1,14 @@
 #include "fuzz_call.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <random>
 
 #include "capi/validate.h"
+#include "capi/value_checks.h"
 #include "fuzz_c_calls.h"
 #include "fuzz_check.h"
 
@@ -144,6 +146,39 @@ void store(uint8_t* p, int32_t dtype, double value, int64_t integer) {
   }
 }
 
+// Whether the element at p is NaN or infinite (-inf excepted when `masked`); an integer never is.
+bool non_finite(const uint8_t* p, int32_t dtype, bool masked) {
+  double value;
+  switch (dtype) {
+    case MOEKIT_DTYPE_BF16: {
+      uint16_t half;
+      std::memcpy(&half, p, sizeof(half));
+      const uint32_t bits = static_cast<uint32_t>(half) << 16;
+      float f;
+      std::memcpy(&f, &bits, sizeof(f));
+      value = f;
+      break;
+    }
+    case MOEKIT_DTYPE_FP16: {
+      uint16_t half;
+      std::memcpy(&half, p, sizeof(half));
+      if ((half & 0x7c00u) != 0x7c00u) return false;
+      const double inf = std::numeric_limits<double>::infinity();
+      value = (half & 0x3ffu) != 0 ? std::numeric_limits<double>::quiet_NaN() : (half & 0x8000u) ? -inf : inf;
+      break;
+    }
+    case MOEKIT_DTYPE_FP32: {
+      float f;
+      std::memcpy(&f, p, sizeof(f));
+      value = f;
+      break;
+    }
+    case MOEKIT_DTYPE_FP64: std::memcpy(&value, p, sizeof(value)); break;
+    default: return false;
+  }
+  return std::isnan(value) || (std::isinf(value) && !(masked && value < 0));
+}
+
 const int32_t kDtypes[] = {MOEKIT_DTYPE_INVALID,
                            MOEKIT_DTYPE_BF16,
                            MOEKIT_DTYPE_FP16,
@@ -184,6 +219,47 @@ moekit_plan_t foreign_plan(moekit_handle_t handle, bool router) {
   return plan;
 }
 
+bool ends_with(const std::string& text, const char* ending) {
+  const size_t n = std::strlen(ending);
+  return text.size() >= n && text.compare(text.size() - n, n, ending) == 0;
+}
+
+std::string said(const Outcome& o) {
+  return std::string(moekit_status_string(o.status)) + (o.message.empty() ? "" : " \"" + o.message + "\"");
+}
+
+// Checks a VALIDATION_FAILED of `call`: from a validating handle, saying whether the operation ran, naming a tensor
+// of the call (an output, if it ran). Returns whether it ran.
+bool output_failed(const Call& call, const std::string& message) {
+  if (!call.validating) violation(call.op, "VALIDATION_FAILED without MOEKIT_HANDLE_VALIDATE: \"" + message + "\"");
+  const bool output = ends_with(message, moekit::capi::kOutputFailureEnding);
+  if (!output && !ends_with(message, moekit::capi::kInputFailureEnding))
+    violation(call.op, "VALIDATION_FAILED does not say whether the operation ran: \"" + message + "\"");
+  const std::string name = argument_named(message);
+  for (const Slot& slot : call.slots)
+    if (slot.name == name && (!output || slot.role != Role::input)) return output;
+  violation(call.op, std::string("VALIDATION_FAILED names no ") + (output ? "output" : "tensor") + " of the call: \"" +
+                         message + "\"");
+}
+
+// A validating call against the same call on a handle without the flag: the same refusal (status and argument; the
+// rest may differ, as plan ids do), or, for a bad value the reference backend refuses, VALIDATION_FAILED of an
+// input; where that one succeeded, success or VALIDATION_FAILED, and the same bytes in every tensor once the
+// operation ran.
+void check_agrees(const Call& call, const Outcome& got, const Outcome& plain, bool ran) {
+  const std::string versus = ": " + said(got) + ", without MOEKIT_HANDLE_VALIDATE " + said(plain);
+  if (plain.status != MOEKIT_SUCCESS) {
+    const bool value_refused = plain.status == MOEKIT_STATUS_INVALID_VALUE &&
+                               got.status == MOEKIT_STATUS_VALIDATION_FAILED && !ran;
+    const bool same = got.status == plain.status && argument_named(got.message) == argument_named(plain.message);
+    if (!value_refused && !same) violation(call.op, "a refusal changed with validation" + versus);
+    return;
+  }
+  if (got.status != MOEKIT_SUCCESS && got.status != MOEKIT_STATUS_VALIDATION_FAILED)
+    violation(call.op, "validation made a successful call fail" + versus);
+  if (ran && got.tensors != plain.tensors) violation(call.op, "validation changed what the call wrote" + versus);
+}
+
 }  // namespace
 
 PlanRef own_plan(moekit_plan_t plan) {
@@ -215,6 +291,7 @@ struct Engine::State {
   bool valid = true;            // only edits the contract allows
   bool judged_invalid = false;  // the call's judge says it must fail
   bool coupled_edit = false;    // an edit changed what other arguments must be: presence rules no longer known
+  bool clean = true;            // no edit changed what a tensor holds: a validating handle finds no bad input value
   int plan_choice = 0;          // 0 the call's plan, 1 NULL, 2 a plan of another operation, 3 the other plan
   bool null_handle = false;
   bool null_args = false;
@@ -269,6 +346,7 @@ struct Engine::State {
     s.alias = static_cast<int>(owner);
     const size_t elem = std::max<size_t>(dtype_bytes(s.view.dtype), 1);
     s.alias_offset = ((raw >> 8) % 16) * elem;
+    clean = false;
     // Inputs may share memory; the contents of one then overwrite the other's, so only slots that take any value
     // stay valid.
     const auto any_value = [this](size_t k) {
@@ -374,18 +452,15 @@ struct Engine::State {
     const bool any_value = content.kind == Content::floats || content.any;
     switch (e.kind % 6) {
       case 0:
-      case 1:
-        s.mode = 1 + e.kind % 2;
-        if (!any_value) invalidate();
-        return;
-      case 2:
-        s.overrides.emplace_back(e.raw, e);
-        if (!any_value) invalidate();
-        return;
+      case 1: s.mode = 1 + e.kind % 2; break;
+      case 2: s.overrides.emplace_back(e.raw, e); break;
       case 3: toggle_presence(i); return;
       case 4: alias(i, e.raw); return;
       default: s.seed ^= e.raw; return;
     }
+    // New contents: an output's are never filled, so they change nothing.
+    if (!any_value) invalidate();
+    if (call.slots[i].role != Role::output) clean = false;
   }
 
   // Edits of what is not a tensor: the plan, the argument struct, the workspace, the saved buffer, the scalars.
@@ -523,6 +598,43 @@ struct Engine::State {
   }
 
   SlotState& owner_of(size_t i) { return slots[slots[i].alias >= 0 ? static_cast<size_t>(slots[i].alias) : i]; }
+
+  // Whether slot i's block holds its data alone: no other slot's lies in it, and it lies in no other's.
+  bool alone(size_t i) const {
+    if (slots[i].alias >= 0) return false;
+    for (const SlotState& other : slots)
+      if (other.alias == static_cast<int>(i)) return false;
+    return true;
+  }
+
+  bool holds_non_finite(size_t i, bool masked) const {
+    const moekit_tensor_t& view = *call.slots[i].field;
+    const size_t elem = dtype_bytes(view.dtype);
+    for (int64_t offset : element_offsets(view))
+      if (non_finite(static_cast<const uint8_t*>(view.data) + offset * static_cast<int64_t>(elem), view.dtype, masked))
+        return true;
+    return false;
+  }
+
+  // Before the call: the first input of a valid call that holds a value its Checked refuses; "" if none.
+  std::string refused_input() const {
+    if (!valid) return "";
+    for (size_t i = 0; i < slots.size(); ++i) {
+      const Slot& slot = call.slots[i];
+      if (slots[i].has_data && slot.role != Role::output && slot.checked != Checked::rows &&
+          holds_non_finite(i, slot.checked == Checked::masked))
+        return slot.name;
+    }
+    return "";
+  }
+
+  // After a success: the first output the call alone writes that holds NaN or an infinity; "" if none.
+  std::string non_finite_output() const {
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].has_data && call.slots[i].role == Role::output && alone(i) && holds_non_finite(i, false))
+        return call.slots[i].name;
+    return "";
+  }
 
   void fill(size_t i) {
     SlotState& s = slots[i];
@@ -669,7 +781,7 @@ Engine::~Engine() = default;
 void Engine::view_edit(const Edit& e) { s_->edit(e, true); }
 void Engine::value_edit(const Edit& e) { s_->edit(e, false); }
 
-moekit_status_t Engine::run() {
+Outcome Engine::run(const Outcome* plain) {
   State& s = *s_;
   Call& call = s.call;
   s.lay_out();
@@ -683,7 +795,7 @@ moekit_status_t Engine::run() {
       return block.size() - static_cast<size_t>(static_cast<const uint8_t*>(slot.view.data) - block.data());
     };
     switch (call.judge(call, room)) {
-      case Call::Verdict::skip: return MOEKIT_SUCCESS;
+      case Call::Verdict::skip: return Outcome{};
       case Call::Verdict::invalid: s.judged_invalid = true; break;
       case Call::Verdict::unknown: s.invalidate(); break;
       case Call::Verdict::valid: break;
@@ -721,14 +833,20 @@ moekit_status_t Engine::run() {
     run.saved_bytes = s.saved_bytes;
   }
 
+  const std::string refused = call.validating ? s.refused_input() : "";
   mark_last_error();
-  const moekit_status_t status = call.run(run);
+  Outcome outcome;
+  const moekit_status_t status = outcome.status = call.run(run);
   check_status(call.op, status, names);
+  if (status != MOEKIT_SUCCESS) outcome.message = last_error(call.op);
+  const bool output_failure = status == MOEKIT_STATUS_VALIDATION_FAILED && output_failed(call, outcome.message);
+  // The operation ran: it wrote its outputs (and a forward its saved buffer).
+  const bool ran = status == MOEKIT_SUCCESS || output_failure;
 
   for (size_t b = 0; b < blocks.size(); ++b) {
     const Block& block = *blocks[b];
     const std::vector<uint8_t>* writable = nullptr;
-    if (status == MOEKIT_SUCCESS) {
+    if (ran) {
       if (block.size() == s.saved_writable.size() && blocks[b] == s.saved.get()) writable = &s.saved_writable;
       for (const State::SlotState& slot : s.slots)
         if (slot.block.get() == blocks[b]) writable = &slot.writable;
@@ -740,15 +858,21 @@ moekit_status_t Engine::run() {
           if (s.slots[i].block.get() == blocks[b]) where = call.slots[i].name;
         if (blocks[b] == s.workspace.get()) where = "the workspace";
         violation(call.op, std::string(status == MOEKIT_SUCCESS ? "succeeded" : "failed") + " but wrote byte " +
-                               std::to_string(k) + " of " + where +
-                               (status == MOEKIT_SUCCESS ? ", outside every output" : ""));
+                               std::to_string(k) + " of " + where + (ran ? ", outside every output" : ""));
       }
   }
-  if (status == MOEKIT_SUCCESS && !rejection.empty()) violation(call.op, "succeeded although " + rejection);
-  if (status != MOEKIT_SUCCESS && s.valid && rejection.empty())
-    violation(call.op, "rejected a valid call: " + std::string(moekit_status_string(status)) + " \"" +
-                           last_error(call.op) + "\"");
-  return status;
+  for (const State::SlotState& slot : s.slots)
+    if (slot.block) outcome.tensors.emplace_back(slot.block->data(), slot.block->data() + slot.block->size());
+  if (ran && !refused.empty()) violation(call.op, "ran although its input " + refused + " holds a value it refuses");
+  const std::string non_finite = call.validating && status == MOEKIT_SUCCESS ? s.non_finite_output() : "";
+  if (!non_finite.empty()) violation(call.op, "passed validation, but its output " + non_finite + " holds NaN or inf");
+  if (ran && !rejection.empty())
+    violation(call.op, std::string(status == MOEKIT_SUCCESS ? "succeeded" : "ran") + " although " + rejection);
+  const bool bad_value_found = status == MOEKIT_STATUS_VALIDATION_FAILED && (output_failure || !s.clean);
+  if (status != MOEKIT_SUCCESS && !bad_value_found && s.valid && rejection.empty())
+    violation(call.op, "rejected a valid call: " + said(outcome));
+  if (plain) check_agrees(call, outcome, *plain, ran);
+  return outcome;
 }
 
 std::shared_ptr<Block> Engine::take_saved() { return std::shared_ptr<Block>(std::move(s_->saved)); }

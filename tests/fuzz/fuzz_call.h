@@ -8,6 +8,14 @@
 //   - a call that succeeds wrote only inside its outputs' views (and the saved buffer of a forward);
 //   - a call that stayed valid (only edits the contract allows) succeeds, and one the harness knows is invalid
 //     does not.
+// On a handle made with MOEKIT_HANDLE_VALIDATE the call may also answer VALIDATION_FAILED, which no other handle
+// does: for an input (the message ends so, and nothing is written) only when an edit changed a tensor's values,
+// for an output (it then wrote inside its outputs' views only) at any time, and always naming a tensor of the call
+// (an output for an output). Once the operation ran, no input of a valid call held a value its Checked refuses,
+// and after a success no float output holds NaN or an infinity (what the call does not write keeps its finite
+// poison). The same call on a handle without the flag is made first, and the validating one must agree with it:
+// the same status and argument where it refused, else VALIDATION_FAILED of an input; where it succeeded, success
+// or VALIDATION_FAILED, and the same output bytes whenever the operation ran.
 #pragma once
 
 #include <cstddef>
@@ -48,6 +56,13 @@ enum class Presence {
   ignored,    // never read (a gradient not requested): either is valid
 };
 
+// Which values of a floating-point input (or inout) a validating handle must refuse before the operation runs.
+enum class Checked {
+  all,     // NaN or infinite, anywhere in the tensor
+  masked,  // NaN or +inf, anywhere (logits: -inf masks an expert)
+  rows,    // only in the rows the call reads, which the harness does not follow (grouped tensors)
+};
+
 struct Slot {
   std::string name;
   moekit_tensor_t* field;
@@ -58,6 +73,7 @@ struct Slot {
   Presence presence = Presence::required;
   bool passed = true;    // the call as built passes it (false: absent)
   bool coupled = false;  // whether it is passed changes what the other slots must be
+  Checked checked = Checked::all;
 };
 
 // A scalar field of the argument struct (or of the call) an edit may set.
@@ -101,6 +117,7 @@ struct RunArgs {
 
 struct Call {
   std::string op;
+  bool validating = false;  // the plans and the handle were made with MOEKIT_HANDLE_VALIDATE
   PlanRef plan;
   PlanRef other_plan;  // the same operation, another plan (its saved buffers are not this plan's)
   moekit_handle_t handle = nullptr;
@@ -120,6 +137,13 @@ struct Call {
   std::function<Verdict(Call&, const std::function<size_t(size_t)>& room)> judge;
 };
 
+// What a call left: its status, its message (on a failure) and the bytes of every tensor's block afterwards.
+struct Outcome {
+  moekit_status_t status = MOEKIT_SUCCESS;
+  std::string message;
+  std::vector<std::vector<uint8_t>> tensors;
+};
+
 class Engine {
  public:
   Engine(Call& call, uint64_t seed);
@@ -129,8 +153,9 @@ class Engine {
   void view_edit(const Edit& e);
   // Edits of the contents, the scalars, the presence of optional tensors, the workspace and the saved buffer.
   void value_edit(const Edit& e);
-  // Lays the views out, fills them, makes the call and checks the property; returns the call's status.
-  moekit_status_t run();
+  // Lays the views out, fills them, makes the call and checks the property. A validating call is also checked
+  // against `plain`, what the same call with the same edits left on a handle without the flag.
+  Outcome run(const Outcome* plain = nullptr);
   // The saved buffer after run() (what a forward filled).
   std::shared_ptr<Block> take_saved();
 

@@ -58,6 +58,11 @@ std::string last_error(const std::string& call) {
   return text;
 }
 
+std::string argument_named(const std::string& message) {
+  const size_t colon = message.find(": ");
+  return colon == std::string::npos ? std::string() : message.substr(0, colon);
+}
+
 void check_status(const std::string& call, moekit_status_t status, const std::vector<std::string>& names) {
   if (!known_status(status)) violation(call, "returned a status moekit.h does not define: " + std::to_string(status));
   if (status == MOEKIT_SUCCESS) return;
@@ -66,9 +71,7 @@ void check_status(const std::string& call, moekit_status_t status, const std::ve
   if (status == MOEKIT_STATUS_INTERNAL_ERROR) violation(call, "INTERNAL_ERROR: " + said);
   if (message.empty()) violation(call, "failed with an empty message: " + said);
   if (message == kMarkMessage) violation(call, "failed without leaving a message of its own: " + said);
-  const size_t colon = message.find(": ");
-  const std::string name = colon == std::string::npos ? std::string() : message.substr(0, colon);
-  if (std::find(names.begin(), names.end(), name) == names.end())
+  if (std::find(names.begin(), names.end(), argument_named(message)) == names.end())
     violation(call, "the message does not begin with the name of one of the call's arguments: " + said);
 }
 

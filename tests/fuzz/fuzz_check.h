@@ -22,6 +22,9 @@ void mark_last_error();
 // and a truncated one must agree).
 std::string last_error(const std::string& call);
 
+// The argument a message names: "w1: expected shape ..." names w1; "" when it names none.
+std::string argument_named(const std::string& message);
+
 // Checks `status` of `call` (made after mark_last_error): a status of moekit.h, not INTERNAL_ERROR; after a failure,
 // a new message "<name>: ..." with <name> one of `names`.
 void check_status(const std::string& call, moekit_status_t status, const std::vector<std::string>& names);

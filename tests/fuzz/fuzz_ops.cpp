@@ -62,7 +62,7 @@ class Builder {
 
   template <class Desc>
   void plan(moekit_status_t (*create)(moekit_handle_t, const Desc*, moekit_plan_t*), const Desc& desc) {
-    c.handle = fuzz_handle();
+    c.handle = fuzz_handle(c.validating);
     c.plan = made(create, desc);
     c.other_plan = made(create, desc);
   }
@@ -101,7 +101,7 @@ class Builder {
   template <class Desc>
   PlanRef made(moekit_status_t (*create)(moekit_handle_t, const Desc*, moekit_plan_t*), const Desc& desc) {
     moekit_plan_t p = nullptr;
-    if (create(fuzz_handle(), &desc, &p) != MOEKIT_SUCCESS)
+    if (create(c.handle, &desc, &p) != MOEKIT_SUCCESS)
       violation(c.op, "the harness's plan was rejected: " + last_error(c.op));
     return own_plan(p);
   }
@@ -163,7 +163,7 @@ void router_forward(Builder& b, const Dims& d) {
   const moekit_router_desc_t desc = router_desc(d);
   b.plan(moekit_router_plan_create, desc);
   auto& a = b.args<moekit_router_fwd_args_t>(moekit_router_fwd_args_init);
-  b.tensor("logits", a.logits, d.dtype, {d.t, d.e});
+  b.tensor("logits", a.logits, d.dtype, {d.t, d.e}).checked = Checked::masked;
   Slot& bias = b.tensor("bias", a.bias, kFp32, {d.e});
   if (desc.kind == MOEKIT_ROUTER_SIGMOID)
     optional(bias, d.cfg.bit(6, 4));
@@ -183,7 +183,7 @@ void router_backward(Builder& b, const Dims& d) {
   const moekit_router_desc_t desc = router_desc(d);
   b.plan(moekit_router_plan_create, desc);
   auto& a = b.args<moekit_router_bwd_args_t>(moekit_router_bwd_args_init);
-  b.tensor("logits", a.logits, d.dtype, {d.t, d.e});
+  b.tensor("logits", a.logits, d.dtype, {d.t, d.e}).checked = Checked::masked;
   b.ids("indices", a.indices, d.index_dtype, {d.t, d.k}, 0, d.e);
   b.tensor("dscores", a.dscores, d.score_dtype, {d.t, d.k});
   b.out("dlogits", a.dlogits, d.cfg.bit(6, 5) ? kFp32 : d.dtype, {d.t, d.e});
@@ -261,9 +261,9 @@ void gemm(Builder& b, const Dims& d) {
   required_iff(b.ids("gather_idx", a.gather_idx, d.index_dtype, {m}, 0, s), gathered);
   // Without a source row to gather, no group may own a row.
   b.offsets("offsets", a.offsets, e + 1, gathered && s == 0 ? 0 : m);
-  b.tensor("a", a.a, d.dtype, {desc.gather == MOEKIT_GEMM_GATHER_A ? s : m, k});
+  b.tensor("a", a.a, d.dtype, {desc.gather == MOEKIT_GEMM_GATHER_A ? s : m, k}).checked = Checked::rows;
   if (varlen_k) {
-    b.tensor("b", a.b, d.dtype, {desc.gather == MOEKIT_GEMM_GATHER_B ? s : m, n});
+    b.tensor("b", a.b, d.dtype, {desc.gather == MOEKIT_GEMM_GATHER_B ? s : m, n}).checked = Checked::rows;
     b.out("c", a.c, out_dtype, {e, k, n});
   } else {
     b.tensor(
@@ -278,11 +278,17 @@ void gemm(Builder& b, const Dims& d) {
     optional(bias, cfg.bit(7, 5));
   else
     required_iff(bias, false);
-  required_iff(b.tensor("h", a.h, d.dtype, {m, n}), is_dgated);
+  Slot& h = b.tensor("h", a.h, d.dtype, {m, n});
+  h.checked = Checked::rows;
+  required_iff(h, is_dgated);
   required_iff(b.out("act", a.act, d.dtype, {m, act_width}), is_gated || is_dgated);
-  required_iff(b.tensor("row_scale", a.row_scale, d.score_dtype, {m}), is_dgated);
+  Slot& row_scale = b.tensor("row_scale", a.row_scale, d.score_dtype, {m});
+  row_scale.checked = Checked::rows;
+  required_iff(row_scale, is_dgated);
   required_iff(b.ids("pair_idx", a.pair_idx, kI32, {m}, 0, m), is_dgated);
-  required_iff(b.tensor("dscores", a.dscores, d.score_dtype, {m}, Role::inout), is_dgated);
+  Slot& dscores = b.tensor("dscores", a.dscores, d.score_dtype, {m}, Role::inout);
+  dscores.checked = Checked::rows;
+  required_iff(dscores, is_dgated);
   a.alpha = cfg.bit(7, 6) ? 0.5 : 1.0;
   b.scalar("alpha", a.alpha);
   if (is_gated || is_dgated)
@@ -308,12 +314,14 @@ void combine(Builder& b, const Dims& d, bool weighted) {
   auto& a = b.args<moekit_combine_args_t>(moekit_combine_args_init);
   if (variable) {
     b.offsets("tok_offsets", a.tok_offsets, d.t + 1, p);
-    required_iff(b.tensor("scores", a.scores, d.score_dtype, {p}), weighted);
+    Slot& scores = b.tensor("scores", a.scores, d.score_dtype, {p});
+    scores.checked = Checked::rows;
+    required_iff(scores, weighted);
   } else {
     required_iff(b.tensor("tok_offsets", a.tok_offsets, kI32, {d.t + 1}), false);
     required_iff(b.tensor("scores", a.scores, d.score_dtype, {d.t, d.k}), weighted);
   }
-  b.tensor("grouped", a.grouped, d.dtype, {p, d.h});
+  b.tensor("grouped", a.grouped, d.dtype, {p, d.h}).checked = Checked::rows;
   b.ids("grouped_pos", a.grouped_pos, kI32, {p}, -1, p);
   b.out("out", a.out, d.dtype, {d.t, d.h});
   a.beta = d.cfg.bit(6, 1) ? 1.0 : 0.0;
@@ -346,7 +354,7 @@ void db1(Builder& b, const Dims& d) {
   const moekit_bias_grad_desc_t desc = bias_grad_desc(d, p, w);
   b.plan(moekit_bias_grad_plan_create, desc);
   auto& a = b.args<moekit_db1_args_t>(moekit_db1_args_init);
-  b.tensor("dh", a.dh, d.dtype, {p, w});
+  b.tensor("dh", a.dh, d.dtype, {p, w}).checked = Checked::rows;
   b.offsets("offsets", a.offsets, d.e + 1, p);
   b.out("db1", a.db1, desc.out_dtype == kFp32 ? kFp32 : d.dtype, {d.e, w});
   a.beta = d.cfg.bit(6, 1) ? 1.0 : 0.0;
@@ -373,6 +381,7 @@ void db2_ds(Builder& b, const Dims& d) {
   b.ids("pair_idx", a.pair_idx, kI32, {p}, 0, p);
   optional(b.out("db2", a.db2, desc.out_dtype == kFp32 ? kFp32 : d.dtype, {d.e, d.h}), d.cfg.bit(6, 3) || !has_b2);
   Slot& dscores = b.tensor("dscores", a.dscores, d.score_dtype, {p}, Role::inout);
+  dscores.checked = Checked::rows;
   if (has_b2)
     required_iff(dscores, true);
   else
@@ -435,7 +444,7 @@ void group_select(Builder& b, const Dims& d) {
 }
 
 void load_balance_update(Builder& b, const Dims& d) {
-  b.c.handle = fuzz_handle();
+  b.c.handle = fuzz_handle(b.c.validating);
   auto& a = b.args<moekit_load_balance_args_t>(moekit_load_balance_args_init);
   const int64_t groups = d.e;
   const int32_t count_dtypes[] = {kI32, kI64, kFp32};
@@ -606,7 +615,7 @@ void experts_forward(Builder& b, const Dims& d, bool training) {
   layer_plan(b, moekit_experts_plan_create, desc);
   b.c.saved_use = Call::Saved::forward;
   auto& a = b.args<moekit_experts_fwd_args_t>(moekit_experts_fwd_args_init);
-  b.tensor("x", a.x, d.dtype, {p, d.h});
+  b.tensor("x", a.x, d.dtype, {p, d.h}).checked = Checked::rows;
   b.offsets("offsets", a.offsets, d.e + 1, p);
   expert_weights(b, desc, a.w1, &a.b1, a.w2, &a.b2);
   b.out("y", a.y, d.dtype, {p, d.h});
@@ -639,13 +648,16 @@ void sparse_ffn_forward(Builder& b, const Dims& d, bool training) {
   };
 }
 
-std::unique_ptr<Call> build(Op op, const Config& config, bool training);
+std::unique_ptr<Call> build(Op op, const Config& config, bool training, bool validating);
 
 // Runs the valid forward of a backward call's plan (training) and keeps its saved buffer.
 void run_forward(Call& backward, Op forward_op, const Config& config) {
-  std::unique_ptr<Call> forward = build(forward_op, config, true);
+  std::unique_ptr<Call> forward = build(forward_op, config, true, backward.validating);
   Engine engine(*forward, 0x5eed);
-  if (engine.run() != MOEKIT_SUCCESS) violation(forward->op, "the forward of a backward call failed");
+  const moekit_status_t status = engine.run().status;
+  // A validating forward may find that an output overflowed; it ran all the same and filled the saved buffer.
+  if (status != MOEKIT_SUCCESS && !(forward->validating && status == MOEKIT_STATUS_VALIDATION_FAILED))
+    violation(forward->op, "the forward of a backward call failed");
   backward.plan = forward->plan;
   backward.other_plan = forward->other_plan;
   backward.handle = forward->handle;
@@ -679,10 +691,10 @@ void experts_backward(Builder& b, const Dims& d) {
   const int64_t p = d.t * d.k;
   const moekit_moe_desc_t desc = moe_desc(d, p, true);
   auto& a = b.args<moekit_experts_bwd_args_t>(moekit_experts_bwd_args_init);
-  b.tensor("x", a.x, d.dtype, {p, d.h});
+  b.tensor("x", a.x, d.dtype, {p, d.h}).checked = Checked::rows;
   b.offsets("offsets", a.offsets, d.e + 1, p);
   expert_weights(b, desc, a.w1, nullptr, a.w2, nullptr);
-  b.tensor("dy", a.dy, d.dtype, {p, d.h});
+  b.tensor("dy", a.dy, d.dtype, {p, d.h}).checked = Checked::rows;
   expert_gradients(b, d, desc, p, a);
   b.c.run = [&a](const RunArgs& r) {
     return moekit_experts_backward(r.plan, r.null_args ? nullptr : &a, r.saved, r.saved_bytes, r.workspace,
@@ -747,10 +759,11 @@ const OpEntry kOps[] = {
 };
 static_assert(sizeof(kOps) / sizeof(kOps[0]) == static_cast<size_t>(Op::count), "an entry for every Op");
 
-std::unique_ptr<Call> build(Op op, const Config& config, bool training) {
+std::unique_ptr<Call> build(Op op, const Config& config, bool training, bool validating) {
   auto call = std::make_unique<Call>();
   const OpEntry& entry = kOps[static_cast<size_t>(op)];
   call->op = entry.name;
+  call->validating = validating;
   Builder b(*call);
   entry.build(b, dims_of(config), training);
   return call;
@@ -758,33 +771,46 @@ std::unique_ptr<Call> build(Op op, const Config& config, bool training) {
 
 }  // namespace
 
-moekit_handle_t fuzz_handle() {
-  static moekit_handle_t handle = [] {
+moekit_handle_t fuzz_handle(bool validating) {
+  static const auto make = [](uint32_t flags) {
     moekit_handle_desc_t desc;
     moekit_handle_desc_init(&desc);
     desc.num_threads = 1;
+    desc.flags = flags;
     moekit_handle_t h = nullptr;
     if (moekit_handle_create(&desc, &h) != MOEKIT_SUCCESS) violation("moekit_handle_create", "the default failed");
     return h;
-  }();
-  return handle;
+  };
+  static moekit_handle_t plain = make(0), checking = make(MOEKIT_HANDLE_VALIDATE);
+  return validating ? checking : plain;
 }
 
-std::unique_ptr<Call> make_call(Op op, const Config& config) { return build(op, config, false); }
+std::unique_ptr<Call> make_call(Op op, const Config& config, bool validating) {
+  return build(op, config, false, validating);
+}
 
 void fuzz_run_call(const uint8_t* data, size_t size, Edits edits) {
   FuzzInput in(data, size);
-  const Op op = static_cast<Op>(in.byte() % static_cast<int>(Op::count));
+  const uint8_t first = in.byte();
+  const Op op = static_cast<Op>((first & 0x7f) % static_cast<int>(Op::count));
   const Config config{in.config()};
-  std::unique_ptr<Call> call = make_call(op, config);
-  Engine engine(*call, config.bytes[7]);
+  std::vector<std::unique_ptr<Call>> calls;
+  calls.push_back(make_call(op, config, false));
+  // A function without a handle (moekit_subsample_rows) has nothing to validate.
+  if ((first & 0x80) && calls[0]->handle) calls.push_back(make_call(op, config, true));
+  std::vector<std::unique_ptr<Engine>> engines;
+  for (const std::unique_ptr<Call>& call : calls) engines.push_back(std::make_unique<Engine>(*call, config.bytes[7]));
   while (in.more()) {
-    if (edits == Edits::views)
-      engine.view_edit(in.edit());
-    else
-      engine.value_edit(in.edit());
+    const Edit e = in.edit();
+    for (const std::unique_ptr<Engine>& engine : engines) {
+      if (edits == Edits::views)
+        engine->view_edit(e);
+      else
+        engine->value_edit(e);
+    }
   }
-  engine.run();
+  const Outcome plain = engines[0]->run();
+  if (engines.size() > 1) engines[1]->run(&plain);
 }
 
 }  // namespace moekit_fuzz

@@ -39,13 +39,15 @@ enum class Op {
   count
 };
 
-// A reference handle with one worker thread, made once.
-moekit_handle_t fuzz_handle();
+// A reference handle with one worker thread, made once; `validating`: the one made with MOEKIT_HANDLE_VALIDATE.
+moekit_handle_t fuzz_handle(bool validating = false);
 
-std::unique_ptr<Call> make_call(Op op, const Config& config);
+std::unique_ptr<Call> make_call(Op op, const Config& config, bool validating);
 
-// One input of a run-call target: byte 0 the Op, the configuration block, then edits applied to the call's views or
-// to its values (Engine::view_edit, Engine::value_edit); the Engine then makes the call and checks it.
+// One input of a run-call target: byte 0 the Op (bits 0-6) and whether the call is also made on the validating
+// handle (bit 7), the configuration block, then edits applied to the call's views or to its values
+// (Engine::view_edit, Engine::value_edit); each Engine then makes its call and checks it, the validating one
+// against the other's outcome.
 enum class Edits { views, values };
 void fuzz_run_call(const uint8_t* data, size_t size, Edits edits);
 

@@ -64,6 +64,7 @@ OPS = [("router_forward", 7, 0), ("router_backward", 6, 1), ("dispatch", 6, 0), 
        ("experts_backward", 10, 7), ("sparse_ffn_forward", 9, 1), ("sparse_ffn_backward", 9, 6),
        ("subsample_rows", 1, 4)]
 SPECIALS = 4  # plan, args, workspace, saved (fuzz_call.cpp)
+VALIDATE = 0x80  # byte 0 bit 7: the call is also made on a handle with MOEKIT_HANDLE_VALIDATE (fuzz_ops.h)
 # View edit kinds (fuzz_call.cpp State::view_edit).
 PRESENCE, NULL_DATA, DTYPE, RANK, SHAPE, STRIDE, PAD, DEVICE, RESERVED, MISALIGN, ALIAS, MAKE, SWAP, TRANSPOSE, \
     UNIT_STRIDE, OVERLAP = range(16)
@@ -84,6 +85,7 @@ def view_seeds():
         seeds[f"{name}-memory"] = case(op, CONFIGS["fp16-wide"], edit(0, MISALIGN, 0, 1), edit(1 % slots, ALIAS, 0, 0),
                                        edit(slots - 1, DEVICE, 0, 2), edit(0, RESERVED, 1, 9),
                                        edit(slots + 0, 0), edit(slots + 1, 1, 3, 8), edit(slots + 3, 3, 0, 5))
+        seeds[f"{name}-validate"] = case(op | VALIDATE, (), edit(0, PAD, 0, 1), edit(slots - 1, UNIT_STRIDE, 0, 7))
     # A stride of INT64_MAX on dimension 0 of a tensor of 5 or 10 rows: strides reaching past 2^63 bytes.
     for op, slot in ((0, 0), (3, 2), (4, 2), (10, 0)):
         seeds[f"regression-{OPS[op][0]}-stride-past-2^63"] = case(op, (), boundary(slot, STRIDE, "int64_max", 0))
@@ -107,6 +109,9 @@ def value_seeds():
         extra = [edit(slots + SPECIALS + s, 0, s, 3) for s in range(scalars)]
         seeds[f"{name}-scalars-buffers"] = case(op, CONFIGS["fp64-int64"], edit(slots + 2, 1, 0, 7),
                                                 edit(slots + 3, 1, 3, 0), *extra)
+        seeds[f"{name}-validate"] = case(op | VALIDATE)
+        seeds[f"{name}-validate-values"] = case(op | VALIDATE, (), edit(0, ELEMENT, 0, REAL["nan"]),
+                                                edit(1 % slots, BOUNDARY_VALUES, 0, 0))
     for op in (11, 13, 15):
         name = OPS[op][0]
         seeds[f"{name}-saved-header"] = case(op, (), edit(OPS[op][1] + 3, 3, 1, 9))
@@ -119,7 +124,20 @@ def value_seeds():
     seeds["regression-subsample_rows-huge-group"] = case(16, (), edit(1 + SPECIALS + 1, 0, 0, 1),
                                                          boundary(1 + SPECIALS + 2, 0, "int32_max"))
     seeds["regression-db2_ds-without-dscores"] = case(7)
+    # Validating, with the aux losses on and their tensors passed (router: byte 7 bits 0-3; MoE: byte 0 bits 4-5):
+    # the loss tensors were in no value check, so a NaN upstream gradient ran and an overflowed z-loss passed.
+    seeds["regression-router_backward-validate-nan-dz-loss"] = case(1 | VALIDATE, (0, 0, 0, 0, 0, 0, 0, 0x0F),
+                                                                    edit(5, ELEMENT, 0, REAL["nan"]))
+    seeds["regression-moe_backward-validate-nan-dload-balance-loss"] = case(11 | VALIDATE, (0x30,),
+                                                                            edit(12, ELEMENT, 0, REAL["nan"]))
+    seeds["regression-router_forward-validate-z-loss-overflow"] = case(0 | VALIDATE, (0, 0, 0, 0, 0, 0, 0, 0x0F),
+                                                                       edit(0, ELEMENT, 1, bits(1e30)))
     return seeds
+
+
+def bits(value):
+    """An edit value holding the double's bits (Edit.real with an odd arg)."""
+    return struct.unpack("<Q", struct.pack("<d", value))[0]
 
 
 def main():
