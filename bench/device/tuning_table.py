@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
 """Rows of the grouped GEMM's table of measured winners (cuda/gemm/gemm_tuning_sm90.tsv) from tune_gemm.sh's
-winners.tsv files: every case whose fastest candidate beat the plan's default by at least --min-gain (default 1.02)
+winners.tsv files: every case whose fastest candidate beat the plan's default by at least --min-gain (default 1.06)
 in the median and in every round becomes a class row — its mode, epilogue, gather and B layout, its n and k, rows per
 group from half to twice the case's mean — with the candidate's tile, cluster and schedule. Cases the default won
-give no row (the heuristic keeps them). Rows are printed tab-separated, without the table's header.
+give no row (the heuristic keeps them), and so do varlen-K cases won by a ping-pong candidate (varlen-K products have
+no ping-pong kernel: that candidate ran the heuristic's tile, unpaired). Rows are printed tab-separated, without
+the table's header.
+
+NOTE: measured on the H200 (gemm_rows_per_expert.json, 2 rounds): a candidate that ran the very kernel of the
+default came out 1.049x (1.022-1.077 per round), so gains of a few percent at 2 rounds are the position of a run in
+the round, not the kernel; hence the 1.06 bar.
 
     bench/device/tuning_table.py WINNERS.tsv [WINNERS.tsv ...] [--min-gain G] >> cuda/gemm/gemm_tuning_sm90.tsv
 """
@@ -30,6 +36,8 @@ def rows(paths, min_gain):
             for w in csv.DictReader(f, delimiter="\t"):
                 if w["best"] == "default":
                     continue
+                if w["mode"] == "varlen_k" and "MOEKIT_GEMM_SCHEDULE=pingpong" in w["best"]:
+                    continue
                 gain = float(w["best_over_default"])
                 low = float(w["per_round"].split("-")[0])
                 if gain < min_gain or low < 1.0:
@@ -45,7 +53,7 @@ def rows(paths, min_gain):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("winners", nargs="+")
-    parser.add_argument("--min-gain", type=float, default=1.02)
+    parser.add_argument("--min-gain", type=float, default=1.06)
     args = parser.parse_args()
     writer = csv.writer(sys.stdout, delimiter="\t", lineterminator="\n")
     for row in rows(args.winners, args.min_gain):

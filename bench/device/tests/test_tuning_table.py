@@ -1,7 +1,7 @@
 """tuning_table.py on a hand-written winners.tsv: a case whose candidate won in the median and in every round by at
 least --min-gain becomes a class row with the candidate's tile, cluster and schedule; a case the default won, or
-one whose win did not hold in every round, or fell short of the gain, gives none; a candidate naming no tile is an
-error."""
+one whose win did not hold in every round, or fell short of the gain, gives none, as does a varlen-K case won by a
+ping-pong candidate (no such kernel); a candidate naming no tile is an error."""
 import os
 import subprocess
 import sys
@@ -18,9 +18,11 @@ WINNERS = HEADER + "".join("\t".join(row) + "\n" for row in [
     ["c", "varlen_m", "store", "none", "kn", "1024", "512", "300.0", "100",
      "MOEKIT_GEMM_PATH=wgmma_pair,MOEKIT_GEMM_SCHEDULE=pingpong", "103", "1.030", "0.990-1.060"],
     ["d", "varlen_m", "store", "none", "kn", "1024", "512", "300.0", "100",
-     "MOEKIT_GEMM_PATH=wgmma_pair,MOEKIT_GEMM_SCHEDULE=pingpong", "105", "1.050", "1.010-1.080"],
+     "MOEKIT_GEMM_PATH=wgmma_pair,MOEKIT_GEMM_SCHEDULE=pingpong", "108", "1.080", "1.065-1.095"],
     ["e", "varlen_m", "bias", "none", "nk", "64", "64", "64.0", "100", "MOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_TILE=128x128",
      "101", "1.010", "1.005-1.020"],
+    ["g", "varlen_k", "store", "b", "nk", "4096", "2048", "256.0", "100",
+     "MOEKIT_GEMM_PATH=wgmma,MOEKIT_GEMM_SCHEDULE=pingpong", "110", "1.100", "1.080-1.120"],
 ])
 
 
