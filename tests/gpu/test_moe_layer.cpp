@@ -436,19 +436,19 @@ double sigmoid(double z) { return 1.0 / (1.0 + std::exp(-z)); }
 
 }  // namespace
 
-// P = T K = 524288 grouped rows of H = 4096: the grouped tensors (y, dxe) pass 2^31 elements, so every offset past
-// that must be 64-bit. Wr = 0 makes every logit 0: each token takes experts 0..7 (ties go to the lower id) with
+// P = T K = 786432 grouped rows of H = 4096: the grouped tensors (y, dxe) hold 3 x 2^30 elements, so every offset
+// into them past 2^31 must be 64-bit. Wr = 0 makes every logit 0: each token takes experts 0..7 (ties go to the lower id) with
 // scores 1/8, and the router adds nothing to dx, so out and dx of a sample of tokens are checked against a
 // per-token computation on the host (SwiGLU, rounding h, a, y and dxe as docs/math.md section 8 does).
-TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 elements", "[gpu][layer][moe][large]") {
+TEST_CASE("CUDA MoE layer at T = 98304, K = 8, H = 4096: offsets past 2^31 elements", "[gpu][layer][moe][large]") {
   Config c;
-  c.tokens = 65536;
+  c.tokens = 98304;
   c.hidden = 4096;
   c.inter = 64;
   c.router_experts = c.experts = 16;
   c.top_k = 8;
   c.biases = true;
-  std::mt19937_64 rng(65536);
+  std::mt19937_64 rng(98304);
   Inputs in(c, rng);
   for (int64_t i = 0; i < in.wr.numel(); ++i) in.wr.set(i, 0.0);
   Handles h;
@@ -460,7 +460,7 @@ TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 eleme
   const std::vector<double> out = gpu.out.values(), dx = gpu.dx.values();
   auto at = [](const std::vector<double>& v, int64_t i) { return v[static_cast<size_t>(i)]; };
   std::vector<double> got_out, want_out, got_dx, want_dx;
-  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{4097}, int64_t{33333}, int64_t{65534}, int64_t{65535}}) {
+  for (int64_t t : {int64_t{0}, int64_t{1}, int64_t{4097}, int64_t{65535}, int64_t{65536}, int64_t{98303}}) {
     std::vector<double> o(static_cast<size_t>(H), 0.0), g(static_cast<size_t>(H), 0.0);
     for (int64_t e = 0; e < K; ++e) {
       const double s = 1.0 / double(K);
@@ -495,7 +495,7 @@ TEST_CASE("CUDA MoE layer at T = 65536, K = 8, H = 4096: offsets past 2^31 eleme
     }
   }
   const std::vector<int64_t> indices = moekit_test::as_integers(gpu.indices);
-  for (int64_t t : {int64_t{0}, int64_t{65535}})
+  for (int64_t t : {int64_t{0}, int64_t{98303}})
     for (int64_t k = 0; k < K; ++k) REQUIRE(indices[static_cast<size_t>(t * K + k)] == k);
   for (auto* pair : {&got_out, &got_dx}) {
     const bool is_out = pair == &got_out;
