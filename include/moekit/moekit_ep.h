@@ -151,7 +151,9 @@ MOEKIT_API moekit_status_t moekit_ep_bwd_args_init(moekit_ep_bwd_args_t* args);
 MOEKIT_API moekit_status_t moekit_ep_forward(moekit_ep_plan_t plan, const moekit_ep_fwd_args_t* args, void* saved,
                                              size_t saved_bytes, void* workspace, size_t workspace_bytes,
                                              void* stream);
-/* Reads `saved` as this plan's last forward left it; never writes it. Collective. */
+/* Reads `saved` as this plan's last forward left it; never writes it. Collective. On the reference backend a
+   buffer no forward of this plan filled, or one filled on another T, is INVALID_VALUE ("saved: ..."); a CUDA
+   handle cannot read it without synchronising and trusts it, as the single-GPU layers do. */
 MOEKIT_API moekit_status_t moekit_ep_backward(moekit_ep_plan_t plan, const moekit_ep_bwd_args_t* args,
                                               const void* saved, size_t saved_bytes, void* workspace,
                                               size_t workspace_bytes, void* stream);

@@ -25,6 +25,8 @@ unsigned blocks_for(int64_t n) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > 65535 ? 65535 : b));
 }
 
+__global__ void header_kernel(SavedHeader* dst, SavedHeader header) { *dst = header; }
+
 __global__ void fill_kernel(int32_t* p, int64_t n, int32_t value, int iota) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     p[i] = iota ? static_cast<int32_t>(i) : value;
@@ -189,6 +191,14 @@ class CudaRowOps final : public RowOps {
                "cudaMemcpyAsync (counts to the host)");
     check_cuda(cudaStreamSynchronize(st), "cudaStreamSynchronize (exact counts)");
   }
+
+  void write_header(SavedHeader* dst, const SavedHeader& header, void* stream) override {
+    header_kernel<<<1, 1, 0, cuda_stream(stream)>>>(dst, header);
+    check_cuda(cudaGetLastError(), "saved header kernel");
+  }
+  // NOTE: reading device memory would synchronise the stream (and break graph capture), so on the GPU the backward
+  // trusts the saved buffer, as the single-GPU layers do.
+  const SavedHeader* readable_header(const SavedHeader*) override { return nullptr; }
 
  private:
   static cudaStream_t cuda_stream(void* s) { return static_cast<cudaStream_t>(s); }

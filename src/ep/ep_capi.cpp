@@ -112,6 +112,22 @@ void check_buffer(const char* name, const void* data, size_t bytes, size_t need)
   if (reinterpret_cast<uintptr_t>(data) % 16 != 0) invalid(std::string(name) + ": must be 16-byte aligned");
 }
 
+// The saved buffer's header, where it can be read without synchronising (host memory: the reference backend): the
+// forward of this plan on as many tokens must have filled it.
+void check_saved_header(const moekit_ep_plan& p, const void* saved, int64_t tokens) {
+  const SavedHeader* header =
+      p.ops->readable_header(reinterpret_cast<const SavedHeader*>(static_cast<const char*>(saved) + p.saved.header));
+  if (header == nullptr) return;
+  if (header->magic != kSavedMagic)
+    invalid("saved: not filled by a forward (bad header); pass the buffer this plan's forward filled");
+  if (header->plan_id != p.id)
+    invalid("saved: filled by the forward of another expert-parallel plan (id " + std::to_string(header->plan_id) +
+            "), not this one (id " + std::to_string(p.id) + ")");
+  if (header->tokens != tokens)
+    invalid("saved: the forward ran on " + std::to_string(header->tokens) + " tokens, this call has " +
+            std::to_string(tokens));
+}
+
 void check_weights(const moekit_ep_plan& p, const moekit_tensor_t& w1, const moekit_tensor_t& w2) {
   check_tensor(p, "w1", w1, p.dtype, {p.experts, p.width, p.hidden});
   check_tensor(p, "w2", w2, p.dtype, {p.experts, p.hidden, p.intermediate});
@@ -313,6 +329,7 @@ MOEKIT_API moekit_status_t moekit_ep_backward(moekit_ep_plan_t plan, const moeki
     moekit_ep_bwd_args_t a = read_struct("args", args, moekit_ep_bwd_args_init, "moekit_ep_bwd_args_init");
     check_backward(p, a);
     check_buffer("saved", saved, saved_bytes, p.saved.total);
+    check_saved_header(p, saved, a.x.shape[0]);
     check_buffer("workspace", workspace, workspace_bytes, p.workspace.total);
     run_backward(p, a, saved, workspace, stream);
   });

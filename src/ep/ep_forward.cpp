@@ -166,6 +166,7 @@ void run_forward(const moekit_ep_plan& p, const moekit_ep_fwd_args_t& args, void
 
   if (args.scores.data) ops.gather(args.scores.data, route.scores.data, nullptr, TK, nullptr, p.score_bytes, stream);
   if (args.indices.data) ops.gather(args.indices.data, route.indices.data, nullptr, TK, nullptr, 4, stream);
+  ops.write_header(reinterpret_cast<SavedHeader*>(at(saved, sv.header)), SavedHeader{kSavedMagic, p.id, T, 0}, stream);
 }
 
 }  // namespace ep

@@ -2,6 +2,7 @@
 #include "src/ep/ep_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 namespace moekit {
@@ -142,6 +143,7 @@ void lay_out(moekit_ep_plan& p) {
          RE = static_cast<size_t>(p.router_experts), E = static_cast<size_t>(p.experts);
   Layout sv;
   SavedLayout& a = p.saved;
+  a.header = sv.add(kSavedHeaderBytes);
   a.logits = sv.add(T * RE * e);
   a.scores = sv.add(P * s);
   a.indices = sv.add(P * i4);
@@ -199,6 +201,8 @@ Plans::~Plans() {
 }
 
 void build_plan(moekit_ep_plan& p) {
+  static std::atomic<uint64_t> last_id{0};
+  p.id = ++last_id;
   const moekit_ep_desc_t& d = p.desc;
   const moekit_moe_desc_t& l = d.layer;
   int ranks = p.exchange->ranks();

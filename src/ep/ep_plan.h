@@ -31,7 +31,7 @@ void check_inner(moekit_status_t status, const char* what);
 
 // Byte offsets (256-aligned) of the saved buffer's sections.
 struct SavedLayout {
-  size_t logits, scores, indices, expert_offsets, gather_idx, pair_idx, grouped_pos, slot, kept_pos, send_counts,
+  size_t header, logits, scores, indices, expert_offsets, gather_idx, pair_idx, grouped_pos, slot, kept_pos, send_counts,
       recv_counts, perm, owner_offsets, x_owner, s_owner, h, total;
 };
 // Byte offsets of the workspace's sections; `inner` is shared by the inner operations, one at a time.
@@ -56,6 +56,7 @@ struct moekit_ep_comm {
 };
 
 struct moekit_ep_plan {
+  uint64_t id;  // written into the saved buffer's header by the forward, checked by the backward
   moekit_handle_t handle;
   moekit::ep::Exchange* exchange;
   std::unique_ptr<moekit::ep::RowOps> ops;

@@ -92,6 +92,9 @@ class HostRowOps final : public RowOps {
   }
 
   void to_host(int32_t* host, const int32_t* src, int64_t n, void*) override { std::copy(src, src + n, host); }
+
+  void write_header(SavedHeader* dst, const SavedHeader& header, void*) override { *dst = header; }
+  const SavedHeader* readable_header(const SavedHeader* saved) override { return saved; }
 };
 
 }  // namespace

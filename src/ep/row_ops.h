@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "cuda/layers/saved_header.h"
+
 namespace moekit {
 inline namespace v0 {
 namespace ep {
@@ -55,6 +57,11 @@ class RowOps {
 
   // Copies n int32 from the layer's buffers to the host and waits for them (the exact mode's synchronisation).
   virtual void to_host(int32_t* host, const int32_t* src, int64_t n, void* stream) = 0;
+
+  // Writes the saved buffer's header (on the stream, capturable).
+  virtual void write_header(SavedHeader* dst, const SavedHeader& header, void* stream) = 0;
+  // The header a forward wrote, where it can be read without synchronising (host memory); NULL on the GPU.
+  virtual const SavedHeader* readable_header(const SavedHeader* saved) = 0;
 };
 
 std::unique_ptr<RowOps> make_host_row_ops();

@@ -608,6 +608,37 @@ TEST_CASE("ep layer: bad arguments give their status and a message naming the ar
           MOEKIT_STATUS_INVALID_VALUE);
   REQUIRE(message().find("dx:") != std::string::npos);
 
+  // The saved buffer must be what this plan's forward filled, on as many tokens.
+  HostTensor dx(p.dtype, {4, p.hidden});
+  b.dx = dx.view();
+  b.compute_weight_grad = 0;
+  moekit_ep_plan_t other = nullptr;
+  REQUIRE(moekit_ep_plan_create(handle.handle, comm, &d, &other) == MOEKIT_SUCCESS);
+  AlignedBuffer other_saved(saved_bytes);
+  dx.poison();
+  const HostTensor dx_before = dx;
+  REQUIRE(moekit_ep_backward(plan, &b, other_saved.data(), other_saved.size(), ws.data(), ws.size(), nullptr) ==
+          MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(message().find("saved: not filled by a forward") != std::string::npos);
+  REQUIRE(moekit_ep_forward(other, &f, other_saved.data(), other_saved.size(), ws.data(), ws.size(), nullptr) ==
+          MOEKIT_SUCCESS);
+  REQUIRE(moekit_ep_backward(plan, &b, other_saved.data(), other_saved.size(), ws.data(), ws.size(), nullptr) ==
+          MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(message().find("saved: filled by the forward of another expert-parallel plan") != std::string::npos);
+  HostTensor x3(p.dtype, {3, p.hidden}), dout3(p.dtype, {3, p.hidden}), dx3(p.dtype, {3, p.hidden});
+  x3.fill_uniform(rng, 1.0);
+  dout3.fill_uniform(rng, 1.0);
+  moekit_ep_bwd_args_t b3 = b;
+  b3.x = x3.view();
+  b3.dout = dout3.view();
+  b3.dx = dx3.view();
+  REQUIRE(moekit_ep_backward(plan, &b3, saved.data(), saved.size(), ws.data(), ws.size(), nullptr) ==
+          MOEKIT_STATUS_INVALID_VALUE);
+  REQUIRE(message().find("saved: the forward ran on 4 tokens, this call has 3") != std::string::npos);
+  REQUIRE(dx.bytes_equal(dx_before));
+  REQUIRE(moekit_ep_backward(plan, &b, saved.data(), saved.size(), ws.data(), ws.size(), nullptr) == MOEKIT_SUCCESS);
+  REQUIRE(moekit_ep_plan_destroy(other) == MOEKIT_SUCCESS);
+
   REQUIRE(moekit_ep_plan_destroy(plan) == MOEKIT_SUCCESS);
   REQUIRE(moekit_ep_comm_destroy(comm) == MOEKIT_SUCCESS);
   REQUIRE(moekit_ep_local_group_destroy(group) == MOEKIT_SUCCESS);
