@@ -2,8 +2,8 @@
 
     python python_wheel_check.py WHEEL
 
-The wheel holds the package and one library, nothing else; `import moekit` loads the library installed beside the
-package, compiles nothing and imports no torch; the metadata names the CUDA target; a CUDA handle from this
+The wheel holds the package and its two libraries (libmoekit, libmoekit_ep), nothing else; `import moekit` loads
+the library installed beside the package, compiles nothing and imports no torch; the metadata names the CUDA target; a CUDA handle from this
 reference-only build is refused with the build's note (and a CUDA build's note names its target); and an MoE layer forward on the reference backend, in fp64
 through the package's ctypes bindings, matches the layer worked out here in plain Python (docs/math.md section 3:
 softmax over the top-k router logits, SwiGLU experts).
@@ -17,7 +17,7 @@ import types
 import zipfile
 
 import moekit
-from moekit import _capi
+from moekit import _capi, _ep_capi
 
 T, H, I, E, K = 3, 2, 1, 3, 2
 X = [[1.0, -0.5], [0.25, 2.0], [-1.5, 0.75]]                        # [T, H]
@@ -30,8 +30,9 @@ def check_wheel_contents(wheel):
     payload = [name for name in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in name]
     strays = [name for name in payload if not name.startswith("moekit/")]
     assert not strays, "the wheel holds files outside the package: %s" % strays
-    binaries = [name for name in payload if not name.endswith(".py")]
-    assert binaries == ["moekit/" + _capi.SONAME], "the wheel's files other than modules: %s" % binaries
+    binaries = sorted(name for name in payload if not name.endswith(".py"))
+    want = sorted("moekit/" + soname for soname in (_capi.SONAME, _ep_capi.SONAME))
+    assert binaries == want, "the wheel's files other than modules: %s" % binaries
 
 
 def check_import():
@@ -40,6 +41,9 @@ def check_import():
     assert moekit.library_path() == _capi.BUNDLED, moekit.library_path()
     version = moekit.load().moekit_get_version()
     assert moekit.library_path() == _capi.BUNDLED, moekit.library_path()
+    _ep_capi.load()
+    beside = os.path.join(os.path.dirname(_capi.BUNDLED), _ep_capi.SONAME)
+    assert _ep_capi.library_path() == beside, _ep_capi.library_path()
     info = moekit.build_info()
     assert info["cuda"] is False and info["cuda_architectures"] == "", info
     installed = importlib.metadata.version("moekit")

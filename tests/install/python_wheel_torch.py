@@ -5,8 +5,8 @@ install_python_wheel through examples/python/run_test.sh, which picks a Python t
 
 A fresh virtualenv that sees this Python's torch (through a .pth file naming torch's folder of packages) installs
 the wheel that install_python_wheel left in WORK_DIR/dist, alone; examples/python/test_moekit.py, test_options.py,
-test_compile.py, test_hf.py and test_aux_losses.py run there with -P, so that `import moekit` is the installed
-package with its bundled library. Exits 77 (CTest: skipped) where torch cannot be imported, where Python is older
+test_compile.py, test_hf.py, test_aux_losses.py and test_ep.py run there with -P, so that `import moekit` is the
+installed package with its bundled libraries. Exits 77 (CTest: skipped) where torch cannot be imported, where Python is older
 than 3.11 (no -P), or where there is no wheel (install_python_wheel skipped, or was not run).
 """
 import glob
@@ -23,7 +23,8 @@ except ImportError as error:
     sys.exit(77)
 
 TESTS = [pathlib.Path(__file__).resolve().parents[2] / "examples" / "python" / name
-         for name in ("test_moekit.py", "test_options.py", "test_compile.py", "test_hf.py", "test_aux_losses.py")]
+         for name in ("test_moekit.py", "test_options.py", "test_compile.py", "test_hf.py", "test_aux_losses.py",
+                      "test_ep.py")]
 
 
 def main(work):

@@ -346,17 +346,23 @@ def cuda_build_note():
             "(H100, H200)" % (targets, _build_info.CUDA_VERSION))
 
 
+def bind(lib, prototypes, restypes):
+    """Sets the argument and result types of a ctypes library's functions: prototypes {name: argument types},
+    restypes {name: result type} for those that return something else than moekit_status_t. Returns lib."""
+    for name, argtypes in prototypes.items():
+        function = getattr(lib, name)
+        function.argtypes = argtypes
+        function.restype = restypes.get(name, _status)
+    return lib
+
+
 def load(path=None):
     """Loads libmoekit.so once (see the module's docstring for where from) and returns the ctypes library."""
     global _lib, _lib_path
     with _lib_lock:
         if _lib is None:
             path = path or library_path()
-            lib = ctypes.CDLL(path)
-            for name, argtypes in _PROTOTYPES.items():
-                function = getattr(lib, name)
-                function.argtypes = argtypes
-                function.restype = _RESTYPES.get(name, _status)
+            lib = bind(ctypes.CDLL(path), _PROTOTYPES, _RESTYPES)
             version = lib.moekit_get_version()
             if version // 100 != VERSION_MAJOR * 100 + VERSION_MINOR:
                 raise ImportError("%s is moekit %d; these bindings mirror moekit %d.%d"
@@ -365,15 +371,18 @@ def load(path=None):
         return _lib
 
 
-def check(status):
+def check(status, last_error=None):
     """Raises MoekitError (NotSupportedError for NOT_SUPPORTED, ValidationError for VALIDATION_FAILED) unless status
-    is success; the message is this thread's last error, read at once since it is thread-local."""
+    is success; the message is this thread's last error, read at once since it is thread-local. last_error: the
+    function that holds it, of moekit_get_last_error's signature (a component's own, e.g. moekit_ep_get_last_error),
+    else moekit_get_last_error."""
     if status == SUCCESS:
         return
     lib = load()
-    length = lib.moekit_get_last_error(None, 0)
+    last_error = last_error or lib.moekit_get_last_error
+    length = last_error(None, 0)
     buffer = ctypes.create_string_buffer(length + 1)
-    lib.moekit_get_last_error(buffer, length + 1)
+    last_error(buffer, length + 1)
     name = lib.moekit_status_string(status).decode()
     error = {STATUS_NOT_SUPPORTED: NotSupportedError, STATUS_VALIDATION_FAILED: ValidationError}.get(status, MoekitError)
     raise error(status, name, buffer.value.decode(errors="replace"))
@@ -396,10 +405,11 @@ def create_handle(backend, device_index, flags=0):
     return raw
 
 
-def initialised(struct_type, init_name):
-    """A struct filled by the library's *_init function, after checking the library's idea of its size."""
+def initialised(struct_type, init_name, lib=None, last_error=None):
+    """A struct filled by the library's *_init function, after checking the library's idea of its size; lib and
+    last_error: a component's ctypes library and its last-error function (see check), else libmoekit's."""
     value = struct_type()
-    check(getattr(load(), init_name)(ctypes.byref(value)))
+    check(getattr(lib or load(), init_name)(ctypes.byref(value)), last_error)
     if value.struct_size != ctypes.sizeof(struct_type):
         raise ImportError("%s: the library's struct is %d bytes, these bindings' %d (a different moekit.h)"
                           % (struct_type.__name__, value.struct_size, ctypes.sizeof(struct_type)))
