@@ -5,7 +5,8 @@
 // tile - 1, tile and tile + 1, skewed counts, one group taking every row; outputs poisoned before each call (rows
 // past the valid count and dscores entries of other pairs stay untouched); bitwise determinism over three reruns;
 // NOT_SUPPORTED for what the kernels cannot take. [large]: the SonicMoE test shapes (T = 8192) against a GPU oracle
-// (cuBLASLt per group + simple kernels, tests/gpu/gemm_oracle.h).
+// (cuBLASLt per group + simple kernels, tests/gpu/gemm_oracle.h); a gathered x [600000, 4096] past 2^31 elements
+// (varlen M with STORE and GATED, dW1 by varlen K with x as the gathered B), sampled rows against float64 on the host.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -24,6 +26,7 @@
 #include "gpu/gpu_util.h"
 #include "cuda/common/activation_kind.h"
 #include "cuda/gemm/gemm_config.h"
+#include "src/numeric.h"
 
 using namespace moekit_test;
 
@@ -980,15 +983,17 @@ Routing random_routing(std::mt19937_64& rng, int64_t tokens, int64_t experts, in
   return r;
 }
 
-// One moekit_gemm call on the CUDA handle with the heuristic's tile.
-void cuda_gemm(moekit_handle_t handle, const moekit_gemm_desc_t& desc, const moekit_gemm_args_t& args) {
+// One moekit_gemm call on the CUDA handle with the heuristic's tile; returns the plan's description.
+std::string cuda_gemm(moekit_handle_t handle, const moekit_gemm_desc_t& desc, const moekit_gemm_args_t& args) {
   moekit_plan_t plan = cuda_plan(handle, desc, nullptr);
+  const std::string text = plan_description(plan);
   size_t bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
   DeviceBuffer workspace(bytes);
   MOEKIT_REQUIRE_OK(moekit_gemm(plan, &args, workspace.data(), bytes, nullptr));
   CUDA_REQUIRE(cudaDeviceSynchronize());
   moekit_plan_destroy(plan);
+  return text;
 }
 
 moekit_gemm_desc_t layer_desc(int32_t mode, int64_t experts, int64_t rows, int64_t tokens, int64_t n, int64_t k) {
@@ -1180,4 +1185,172 @@ TEST_CASE("gemm: the SonicMoE test shapes (T = 8192) against cuBLASLt per expert
     }
   }
   cublasLtDestroy(lt);
+}
+
+namespace {
+
+// The rows `rows` of the bf16 device tensor x [.., width], each copied from its own 64-bit byte offset.
+std::vector<uint16_t> download_rows(const DeviceArray& x, int64_t width, const std::vector<int32_t>& rows) {
+  const size_t row_values = static_cast<size_t>(width), row_bytes = row_values * 2;
+  std::vector<uint16_t> v(rows.size() * row_values);
+  cudaError_t status = cudaSuccess;
+  for (size_t i = 0; i < rows.size() && status == cudaSuccess; ++i)
+    status = cudaMemcpy(v.data() + i * row_values,
+                        static_cast<const uint8_t*>(x.data()) + static_cast<size_t>(rows[i]) * row_bytes, row_bytes,
+                        cudaMemcpyDeviceToHost);
+  CUDA_REQUIRE(status);
+  return v;
+}
+
+// The rows `rows` of a dense bf16 device tensor of `width` values per row, as doubles.
+std::vector<double> sampled_rows(const DeviceArray& t, int64_t width, const std::vector<int64_t>& rows) {
+  const std::vector<uint16_t> all = download_vector<uint16_t>(t.buffer, t.numel());
+  std::vector<double> v;
+  for (int64_t r : rows)
+    for (int64_t j = 0; j < width; ++j) v.push_back(moekit::bf16_to_float(all[static_cast<size_t>(r * width + j)]));
+  return v;
+}
+
+}  // namespace
+
+// The MoE layer's gathered x past 2^31 elements: x [T = 600000, H = 4096] holds 2.46e9 values, so from source row
+// 524288 on a gathered row's offset (row times H) is 2^31 or more. Groups 0-6 gather rows spread over all of x,
+// group 7 only rows from 524288 on, its first row 524288 itself and its last T - 1. Every product runs on the wgmma
+// kernel (checked on the plans' descriptions), which forms a gathered row's address in 64 bits: varlen M (the
+// up-projection, W1 [E, 2I, H] with 2I = 256) with STORE and with GATED SwiGLU (CONCAT), and dW1 = dh^T x (varlen K,
+// x rows gathered as B, a bf16 C with beta = 0: the transposed kernel, whose strides 256 and 4096 are below 2^31).
+// Outputs are poisoned; sampled rows of C, h, a (every group's first and last, rows gathered from past 2^31) and of
+// dW1 (8 per expert) are checked against float64 on the host, rounded as docs/math.md section 8 says, with section
+// 9's metrics.
+TEST_CASE("gemm: gathered x of 600000 x 4096 values, past 2^31 elements", "[gpu][gemm][large]") {
+  constexpr int64_t T = 600000, H = 4096, I = 128, E = 8;
+  constexpr int64_t wide = (int64_t{1} << 31) / H;  // the first source row at an offset of 2^31 values
+  const moekit_dtype_t bf16 = MOEKIT_DTYPE_BF16;
+  const std::vector<int64_t> counts = {1900, 2300, 2048, 1, 2175, 2000, 1960, 4000};
+  std::vector<int64_t> offsets(1, 0);
+  for (int64_t c : counts) offsets.push_back(offsets.back() + c);
+  const int64_t P = offsets.back(), last_group = offsets[E - 1];
+  const auto group_of = [&](int64_t r) {
+    return static_cast<int64_t>(std::upper_bound(offsets.begin(), offsets.end(), r) - offsets.begin()) - 1;
+  };
+  std::vector<int32_t> source(static_cast<size_t>(P));
+  for (int64_t r = 0; r < P; ++r) {
+    const int64_t spread = (r * 104729 + 12345) % T, past = wide + ((r - last_group) * 7919) % (T - wide);
+    source[static_cast<size_t>(r)] = static_cast<int32_t>(r < last_group ? spread : past);
+  }
+  source.back() = static_cast<int32_t>(T - 1);
+
+  Handles handles;
+  const ScopedEnv default_path("MOEKIT_GEMM_PATH", nullptr);
+  DeviceArray x(bf16, {T, H}), w1(bf16, {E, 2 * I, H}), dh(bf16, {P, 2 * I});
+  x.fill(1.0, 51);
+  w1.fill(3.0 / std::sqrt(static_cast<double>(H)), 52);
+  dh.fill(3.0 / std::sqrt(static_cast<double>(P / E)), 53);  // dW1 entries of about 1 at ~2048 rows per expert
+  const DeviceArray offsets_d = upload_int32(std::vector<int32_t>(offsets.begin(), offsets.end())),
+                    gather = upload_int32(source);
+  const std::vector<uint16_t> xg = download_rows(x, H, source), w1_host = download_vector<uint16_t>(w1.buffer, w1.numel()),
+                              dh_host = download_vector<uint16_t>(dh.buffer, dh.numel());
+  const auto value = [](const std::vector<uint16_t>& v, int64_t i) {
+    return static_cast<double>(moekit::bf16_to_float(v[static_cast<size_t>(i)]));
+  };
+
+  // varlen M: each group's first and last row, its first 3 rows gathered from past 2^31, and 23 more of group 7.
+  std::vector<int64_t> rows;
+  for (int64_t e = 0; e < E; ++e) {
+    rows.push_back(offsets[e]);
+    rows.push_back(offsets[e + 1] - 1);
+    for (int64_t r = offsets[e], taken = 0; r < offsets[e + 1] && taken < 3; ++r)
+      if (source[static_cast<size_t>(r)] >= wide) {
+        rows.push_back(r);
+        ++taken;
+      }
+  }
+  for (int64_t i = 1; i < 24; ++i) rows.push_back(last_group + i * counts[E - 1] / 24);
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  std::vector<int64_t> row_segments;
+  for (int64_t o : offsets)
+    row_segments.push_back(static_cast<int64_t>(std::lower_bound(rows.begin(), rows.end(), o) - rows.begin()));
+  std::vector<double> h_ref, a_ref;  // h = round(x W1[e]^T), a = round(silu(gate) up) from the rounded h
+  for (int64_t r : rows) {
+    const int64_t e = group_of(r);
+    for (int64_t n = 0; n < 2 * I; ++n) {
+      double sum = 0;
+      for (int64_t j = 0; j < H; ++j) sum += value(w1_host, (e * 2 * I + n) * H + j) * value(xg, r * H + j);
+      h_ref.push_back(moekit::round_to(sum, bf16));
+    }
+    const double* h_row = &h_ref[h_ref.size() - static_cast<size_t>(2 * I)];
+    for (int64_t j = 0; j < I; ++j) {
+      const double gate = h_row[j], up = h_row[I + j];
+      a_ref.push_back(moekit::round_to(gate / (1.0 + std::exp(-gate)) * up, bf16));
+    }
+  }
+  moekit_gemm_desc_t d = layer_desc(MOEKIT_GEMM_VARLEN_M, E, P, T, 2 * I, H);
+  d.gather = MOEKIT_GEMM_GATHER_A;
+  moekit_gemm_args_t args;
+  moekit_gemm_args_init(&args);
+  args.a = x.view();
+  args.b = w1.view();
+  args.offsets = offsets_d.view();
+  args.gather_idx = gather.view();
+  const auto require_wgmma = [](const std::string& text) {
+    INFO(text);
+    REQUIRE(text.find("wgmma") != std::string::npos);
+    REQUIRE(text.find("A cp.async gather") != std::string::npos);
+    REQUIRE(text.find("mma.sync") == std::string::npos);
+  };
+  {
+    DeviceArray c(bf16, {P, 2 * I});
+    c.poison();
+    args.c = c.view();
+    require_wgmma(cuda_gemm(handles.cuda, d, args));
+    require_close(sampled_rows(c, 2 * I, rows), h_ref, 2 * I, row_segments, bf16, "store c");
+  }
+  {
+    d.epilogue = MOEKIT_EPILOGUE_GATED;
+    DeviceArray h(bf16, {P, 2 * I}), a(bf16, {P, I});
+    h.poison();
+    a.poison();
+    args.c = h.view();
+    args.act = a.view();
+    require_wgmma(cuda_gemm(handles.cuda, d, args));
+    require_close(sampled_rows(h, 2 * I, rows), h_ref, 2 * I, row_segments, bf16, "gated h");
+    require_close(sampled_rows(a, I, rows), a_ref, I, row_segments, bf16, "gated a");
+  }
+
+  // dW1[e] [2I, H] = dh_e^T x_e: 8 rows of each expert's dW1, every column.
+  const int64_t dw_rows[] = {0, 1, 64, 127, 128, 191, 254, 255};
+  std::vector<int64_t> dw_sampled, dw_segments(1, 0);
+  std::vector<double> dw_ref;
+  std::vector<double> x_row(static_cast<size_t>(H));
+  for (int64_t e = 0; e < E; ++e) {
+    std::vector<double> sums(std::size(dw_rows) * static_cast<size_t>(H), 0.0);
+    for (int64_t r = offsets[e]; r < offsets[e + 1]; ++r) {
+      for (int64_t j = 0; j < H; ++j) x_row[static_cast<size_t>(j)] = value(xg, r * H + j);
+      for (size_t s = 0; s < std::size(dw_rows); ++s) {
+        const double coefficient = value(dh_host, r * 2 * I + dw_rows[s]);
+        double* sum = &sums[s * static_cast<size_t>(H)];
+        for (size_t j = 0; j < x_row.size(); ++j) sum[j] += coefficient * x_row[j];
+      }
+    }
+    for (double v : sums) dw_ref.push_back(moekit::round_to(v, bf16));
+    for (int64_t i : dw_rows) dw_sampled.push_back(e * 2 * I + i);
+    dw_segments.push_back(static_cast<int64_t>(dw_sampled.size()));
+  }
+  moekit_gemm_desc_t dw1_desc = layer_desc(MOEKIT_GEMM_VARLEN_K, E, P, T, H, 2 * I);
+  dw1_desc.gather = MOEKIT_GEMM_GATHER_B;
+  DeviceArray dw1(bf16, {E, 2 * I, H});
+  dw1.poison();
+  moekit_gemm_args_t dw1_args;
+  moekit_gemm_args_init(&dw1_args);
+  dw1_args.a = dh.view();
+  dw1_args.b = x.view();
+  dw1_args.offsets = offsets_d.view();
+  dw1_args.gather_idx = gather.view();
+  dw1_args.c = dw1.view();
+  const std::string text = cuda_gemm(handles.cuda, dw1_desc, dw1_args);
+  INFO(text);
+  REQUIRE(text.find("if beta = 0, row strides < 2^31: wgmma") != std::string::npos);
+  REQUIRE(text.find("transposed") != std::string::npos);
+  require_close(sampled_rows(dw1, H, dw_sampled), dw_ref, H, dw_segments, bf16, "dW1");
 }
