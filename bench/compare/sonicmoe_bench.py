@@ -53,7 +53,7 @@ def check(case, layer):
     (ties of bf16 logits) differ wholly, so the check counts rows: a row passes within 2% relative (its error's
     max over the row's max)."""
     dtype = torch_bench.DTYPES[case.get("dtype", "bf16")]
-    make_set, _, _ = torch_bench.layer_case(case, dtype, False)
+    make_set, _, _ = torch_bench.layer_case(case, dtype, "eager")
     torch.manual_seed(case.get("seed", 1))
     s = make_set()
     with torch.no_grad():
@@ -75,7 +75,7 @@ def kernel_time(case, layer, calls=10):
     from torch._C._autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
     dtype = torch_bench.DTYPES[case.get("dtype", "bf16")]
-    make_set, forward, _ = torch_bench.layer_case(case, dtype, False, layer)
+    make_set, forward, _ = torch_bench.layer_case(case, dtype, "eager", layer)
     s = make_set()
     backward = case["op"] != "moe_forward"
 
@@ -131,7 +131,7 @@ def main():
     def run_one(case):
         command = (f"python3 bench/compare/sonicmoe_bench.py {args.config} "
                    f"--filter '^{re.escape(case['name'])}$'")
-        record = torch_bench.run_case(case, False, args.config, False, moe_fn=layer, backend=BACKEND,
+        record = torch_bench.run_case(case, "eager", args.config, False, moe_fn=layer, backend=BACKEND,
                                       command=command)
         record["note"] = "sonicmoe.functional.moe_TC_softmax_topk_layer (W1 gate/up interleaved, no biases)"
         if record["status"] == "ok" and args.kernel_time:

@@ -18,6 +18,14 @@ size, a layer backward as t(forward + backward) - t(forward)):
                 epilogue and no accumulation (record field grouped_mm_alone)
   other ops     reported "not_supported" (no PyTorch-native counterpart written here)
 
+--mode moekit times moekit itself from Python instead, as a user calls it (backend "moekit-python"): the package
+examples/python/moekit of this checkout, the library it loads given by MOEKIT_LIBRARY (bench/device/run_all.sh: the
+libmoekit.so.0.2 that bench/device/stage.sh packed into DEST). moe_* cases call moekit.moe on the same input sets
+(the case's router, renormalize, router_scale, activation, glu_layout and biases), sparse_ffn_* cases
+moekit.sparse_swiglu (subsample rows from the case's seed, as moekit-bench draws them); each call's custom-op
+dispatch, plan cache lookup and torch allocations (output, saved buffer, workspace, gradients) are timed with it,
+which moekit-bench's C++ calls do not pay. Other ops are "not_supported".
+
 Layer cases (moe_*, sparse_ffn_*) also record the device memory of one untimed forward + backward after the
 warm-up: peak_extra_bytes, torch.cuda.max_memory_allocated() during it less torch.cuda.memory_allocated() just
 before it (the inputs and weights allocated, the previous gradients freed), so the saved activations, the
@@ -31,7 +39,7 @@ routing_empty fraction of the experts, drawn with torch's RNG.
 
 Needs PyTorch 2.8 or later (torch._grouped_mm), a CUDA GPU (bf16 grouped GEMMs: sm_90 or newer).
 
-usage: python3 bench/compare/torch_bench.py CONFIG.json [--out results.json] [--mode eager|compile]
+usage: python3 bench/compare/torch_bench.py CONFIG.json [--out results.json] [--mode eager|compile|moekit]
                                             [--filter REGEX] [--grouped-mm-alone]
 """
 import argparse
@@ -50,6 +58,8 @@ import torch.nn.functional as F
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}
 DEFAULT_COUNTS = {"warmup": 10, "iterations": 100, "repeats": 3}
+BACKENDS = {"eager": "pytorch-eager", "compile": "pytorch-compile", "moekit": "moekit-python"}  # --mode -> backend
+MOEKIT_NOTE = "moekit from Python: the package examples/python/moekit ({call}), libmoekit.so from MOEKIT_LIBRARY"
 
 
 class NotSupported(Exception):
@@ -170,6 +180,28 @@ def moe_layer(x, w_router, w1, w2, top_k, b1=None, b2=None, activation="swiglu",
     return torch.zeros_like(x).index_add(0, token, y * weights)
 
 
+@functools.lru_cache(maxsize=None)
+def moekit_package():
+    """moekit's Python package of this checkout (examples/python), its library loaded now, so that a missing or
+    mismatched libmoekit.so ends the run before the first case."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples", "python"))
+    import moekit
+    import moekit.functional  # noqa: F401  (its GATED_ACTIVATIONS)
+    moekit.load()
+    return moekit
+
+
+def moekit_moe(case):
+    """moekit.moe in moe_layer's signature, routing by the case's router options."""
+    router = dict(router=case.get("router", "softmax_topk"), renormalize=bool(case.get("renormalize")),
+                  router_scale=case.get("router_scale", 1.0))
+
+    def layer(x, w_router, w1, w2, top_k, b1=None, b2=None, activation="swiglu", interleaved=False):
+        return moekit_package().moe(x, w_router, w1, w2, top_k, b1=b1, b2=b2, activation=activation,
+                                    glu_layout="interleaved" if interleaved else "concat", **router)
+    return layer
+
+
 def dense_swiglu_ffn(x, w_gate_up, w_down):
     """x [T, D], w_gate_up [2F, D], w_down [D, F] -> [T, D]."""
     gate, up = F.linear(x, w_gate_up).chunk(2, dim=-1)
@@ -222,22 +254,31 @@ def grouped_mm_takes_out_dtype(out_dtype, dtype, varlen_k):
         return False
 
 
-def layer_case(case, dtype, compile_mode, moe_fn=None):
-    """Returns (input set builder, forward call, bytes of one input set) for a layer case. moe_fn: another MoE layer
-    of moe_layer's signature to time instead of the PyTorch-native one (bench/compare/sonicmoe_bench.py)."""
+def layer_case(case, dtype, mode, moe_fn=None):
+    """Returns (input set builder, forward call, bytes of one input set) for a layer case in --mode `mode`. moe_fn:
+    another MoE layer of moe_layer's signature to time instead of the PyTorch-native one
+    (bench/compare/sonicmoe_bench.py)."""
     op = case["op"]
+    if mode == "moekit" and case.get("weight_grad_dtype", case.get("dtype", "bf16")) != case.get("dtype", "bf16"):
+        raise NotSupported("the moekit calls here give weight gradients in the weights' dtype")
     if op.startswith("moe_"):
         T, H, I, E, K = (case[k] for k in ("tokens", "hidden", "intermediate", "experts", "top_k"))
         activation, has_b1, has_b2 = case.get("activation", "swiglu"), case.get("has_b1"), case.get("has_b2")
         interleaved = case.get("glu_layout", "concat") == "interleaved"
-        if case.get("router", "softmax_topk") != "softmax_topk":
-            raise NotSupported("the MoE layers timed here route by softmax over the top-k only")
-        if moe_fn is not None and (activation != "swiglu" or has_b1 or has_b2):
-            raise NotSupported(f"the other layer is timed with SwiGLU and no biases only (this case: {activation}"
-                               + (", biases" if has_b1 or has_b2 else "") + ")")
-        if activation not in ("swiglu", "swiglu_oai"):
-            raise NotSupported(f"the PyTorch MoE layer here is SwiGLU or SwiGLU-OAI, not {activation}")
-        fn = moe_fn or (compile_once(moe_layer) if compile_mode else moe_layer)
+        if mode == "moekit":
+            # The input sets hold a gated W1 [E, 2I, H].
+            if activation not in moekit_package().functional.GATED_ACTIVATIONS:
+                raise NotSupported(f"the moekit calls here time the gated activations, not {activation}")
+            fn = moekit_moe(case)
+        else:
+            if case.get("router", "softmax_topk") != "softmax_topk":
+                raise NotSupported("the MoE layers timed here route by softmax over the top-k only")
+            if moe_fn is not None and (activation != "swiglu" or has_b1 or has_b2):
+                raise NotSupported(f"the other layer is timed with SwiGLU and no biases only (this case: {activation}"
+                                   + (", biases" if has_b1 or has_b2 else "") + ")")
+            if activation not in ("swiglu", "swiglu_oai"):
+                raise NotSupported(f"the PyTorch MoE layer here is SwiGLU or SwiGLU-OAI, not {activation}")
+            fn = moe_fn or (compile_once(moe_layer) if mode == "compile" else moe_layer)
 
         def make_set():
             s = dict(x=uniform((T, H), 1.0, dtype, True), w_router=uniform((E, H), H ** -0.5, dtype, True),
@@ -257,8 +298,10 @@ def layer_case(case, dtype, compile_mode, moe_fn=None):
     else:
         if moe_fn is not None:
             raise NotSupported(f"{op}: only MoE layer cases are timed with another layer")
+        if mode == "moekit":
+            return sparse_moekit_case(case, dtype)
         T, D, Fw = case["tokens"], case["d_model"], case["d_ff"]
-        fn = compile_once(dense_swiglu_ffn) if compile_mode else dense_swiglu_ffn
+        fn = compile_once(dense_swiglu_ffn) if mode == "compile" else dense_swiglu_ffn
 
         def make_set():
             return dict(x=uniform((T, D), 1.0, dtype, True), w_gate_up=uniform((2 * Fw, D), D ** -0.5, dtype, True),
@@ -268,6 +311,29 @@ def layer_case(case, dtype, compile_mode, moe_fn=None):
             return fn(s["x"], s["w_gate_up"], s["w_down"])
         set_bytes = 2 * (2 * T * D + 3 * Fw * D)
     return make_set, forward, set_bytes
+
+
+def top_groups(case):
+    """The sparse FFN's groups per token: top_groups, or the density's share of the groups (moekit-bench's rule)."""
+    return case.get("top_groups") or max(1, round(case["density"] * case["d_ff"] / case["group_size"]))
+
+
+def sparse_moekit_case(case, dtype):
+    """layer_case's triple for a sparse_ffn_* case run by moekit.sparse_swiglu: W_gate and W_up [F, D], W_down
+    [D, F], the case's subsample rows per group drawn from its seed (moekit_subsample_rows), on the device once."""
+    moekit = moekit_package()
+    T, D, Fw, G = case["tokens"], case["d_model"], case["d_ff"], case["group_size"]
+    kg, spg = top_groups(case), case.get("subsample", 0)
+    rows = moekit.subsample_rows(case.get("seed", 1), Fw // G, G, spg).cuda() if spg else None
+
+    def make_set():
+        return dict(x=uniform((T, D), 1.0, dtype, True), w_gate=uniform((Fw, D), D ** -0.5, dtype, True),
+                    w_up=uniform((Fw, D), D ** -0.5, dtype, True), w_down=uniform((D, Fw), Fw ** -0.5, dtype, True),
+                    dout=uniform((T, D), 1.0, dtype))
+
+    def forward(s):
+        return moekit.sparse_swiglu(s["x"], s["w_gate"], s["w_up"], s["w_down"], G, kg, subsample_rows=rows)
+    return make_set, forward, 2 * (2 * T * D + 3 * Fw * D)
 
 
 class GemmCase:
@@ -404,8 +470,7 @@ def model_flops(case):
     if op.startswith("moe_"):
         forward = 6.0 * case["tokens"] * case["top_k"] * case["hidden"] * case["intermediate"]
     elif op.startswith("sparse_ffn_"):
-        groups = case.get("top_groups") or max(1, round(case["density"] * case["d_ff"] / case["group_size"]))
-        forward = 6.0 * case["tokens"] * case["d_model"] * groups * case["group_size"]
+        forward = 6.0 * case["tokens"] * case["d_model"] * top_groups(case) * case["group_size"]
     else:
         return 0.0
     direction = op.replace("sparse_ffn_", "").replace("moe_", "")
@@ -435,7 +500,7 @@ def summary(medians, pooled):
     return (statistics.median(pooled), min(pooled), max(pooled)), spread(medians)
 
 
-def measure(case, compiled, grouped_mm_alone, moe_fn=None):
+def measure(case, mode, grouped_mm_alone, moe_fn=None):
     """Times a case. Returns (median, min, max), spread %, counts, input sets, derivation, and a dict of the
     record's extra fields (gemm: its note, and with grouped_mm_alone the timing of torch._grouped_mm alone).
     moe_fn: as layer_case's."""
@@ -446,7 +511,7 @@ def measure(case, compiled, grouped_mm_alone, moe_fn=None):
     derived = ""
     extra = {}
     if op.startswith("moe_") or op.startswith("sparse_ffn_"):
-        make_set, forward, set_bytes = layer_case(case, dtype, compiled, moe_fn)
+        make_set, forward, set_bytes = layer_case(case, dtype, mode, moe_fn)
         sets = [make_set() for _ in range(rotation_sets(set_bytes))]
 
         def fwd(i):  # a training forward: the autograd graph is recorded, then dropped
@@ -468,8 +533,8 @@ def measure(case, compiled, grouped_mm_alone, moe_fn=None):
             (medians, pooled), subtract = time_alternating_rounds(fwd_bwd, fwd, len(sets), counts)
             derived = "t(forward + backward) - t(forward), medians of each round"
         n_sets = len(sets)
-    elif op == "gemm" and moe_fn is None:
-        if compiled:
+    elif op == "gemm" and moe_fn is None and mode != "moekit":
+        if mode == "compile":
             raise NotSupported("grouped GEMM cases run eager only")
         gemm = gemm_case(case, dtype)
         sets = [gemm.make_set() for _ in range(rotation_sets(gemm.set_bytes))]
@@ -489,7 +554,8 @@ def measure(case, compiled, grouped_mm_alone, moe_fn=None):
                 "time_us": {"median": median, "min": lo, "max": hi}, "spread_pct": alone_spread,
                 "tflops": flops / (median * 1e-6) / 1e12 if flops and median > 0 else None}
     else:
-        raise NotSupported(f"no counterpart of {op} here")
+        raise NotSupported("moekit's layers alone are timed from Python (moe_*, sparse_ffn_*)" if mode == "moekit"
+                           else f"no counterpart of {op} here")
 
     if subtract is None:
         time, spread_pct = summary(medians, pooled)
@@ -500,10 +566,11 @@ def measure(case, compiled, grouped_mm_alone, moe_fn=None):
     return time, spread_pct, counts, n_sets, derived, extra
 
 
-def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend=None, command=None):
-    """One case's record. moe_fn, backend, command: another MoE layer timed in place of the PyTorch-native one, its
-    backend name and the command line that re-runs the case (bench/compare/sonicmoe_bench.py)."""
-    backend = backend or ("pytorch-compile" if compiled else "pytorch-eager")
+def run_case(case, mode, config_path, grouped_mm_alone, moe_fn=None, backend=None, command=None):
+    """One case's record in --mode `mode`. moe_fn, backend, command: another MoE layer timed in place of the
+    PyTorch-native one, its backend name and the command line that re-runs the case
+    (bench/compare/sonicmoe_bench.py)."""
+    backend = backend or BACKENDS[mode]
     record = {"name": case["name"], "op": case["op"], "backend": backend, "status": "ok", "message": "",
               "shape": " ".join(f"{k}={case[k]}" for k in ("tokens", "hidden", "intermediate", "experts", "top_k", "n",
                                                            "k", "width", "d_model", "d_ff", "group_size", "top_groups",
@@ -512,7 +579,7 @@ def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend
     flops = model_flops(case)
     extra = {}
     try:
-        (median, lo, hi), spread_pct, counts, sets, derived, extra = measure(case, compiled, grouped_mm_alone, moe_fn)
+        (median, lo, hi), spread_pct, counts, sets, derived, extra = measure(case, mode, grouped_mm_alone, moe_fn)
         tflops = flops / (median * 1e-6) / 1e12 if flops and median > 0 else None
         record.update(time_us={"median": median, "min": lo, "max": hi}, spread_pct=spread_pct,
                       timing={"method": "CUDA events around each call (torch.cuda.Event)", **counts,
@@ -526,11 +593,13 @@ def run_case(case, compiled, config_path, grouped_mm_alone, moe_fn=None, backend
     record.setdefault("flops", flops)
     record.setdefault("tflops", None)
     note = extra.get("note", "")
-    if case["op"].startswith("sparse_ffn_") and moe_fn is None:
+    if mode == "moekit" and case["op"].startswith(("moe_", "sparse_ffn_")):
+        note = MOEKIT_NOTE.format(call="moekit.moe" if case["op"].startswith("moe_") else "moekit.sparse_swiglu")
+    elif case["op"].startswith("sparse_ffn_") and moe_fn is None:
         note = "sparse_ffn_* cases time the dense SwiGLU FFN of width d_ff; flops are the sparse case's model FLOPs"
     record.update(bytes=None, gbps=None, baseline=None, ratio=None, check=None, note=note,
-                  command=command or (f"python3 bench/compare/torch_bench.py {config_path} --mode "
-                                      f"{'compile' if compiled else 'eager'} --filter '^{re.escape(case['name'])}$'"
+                  command=command or (f"python3 bench/compare/torch_bench.py {config_path} --mode {mode} "
+                                      f"--filter '^{re.escape(case['name'])}$'"
                                       + (" --grouped-mm-alone" if grouped_mm_alone else "")))
     for key in ("peak_extra_bytes", "grad_bytes", "grouped_mm_alone"):
         if key in extra:
@@ -604,17 +673,29 @@ def run_all(cases, meta, out, run_one):
 
 def main():
     parser = tool_arguments(__doc__.split("\n")[0])
-    parser.add_argument("--mode", choices=("eager", "compile"), default="eager")
+    parser.add_argument("--mode", choices=tuple(BACKENDS), default="eager",
+                        help="eager / compile: the PyTorch-native layers; moekit: moekit's own from Python")
     parser.add_argument("--grouped-mm-alone", action="store_true",
                         help="gemm cases: also time the torch._grouped_mm call alone (rows gathered beforehand, no "
                              "epilogue, no accumulation), recorded as grouped_mm_alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("torch_bench.py: needs a CUDA device")
+    versions = {}
+    if args.mode == "moekit":
+        try:
+            moekit = moekit_package()
+        except (ImportError, OSError) as e:
+            sys.exit(f"torch_bench.py: moekit's Python package or its library does not load ({e}); set "
+                     "MOEKIT_LIBRARY to a CUDA build's libmoekit.so.0.2")
+        version = moekit.load().moekit_get_version()  # major * 10000 + minor * 100 + patch
+        versions = {"moekit_version": f"{version // 10000}.{version // 100 % 100}.{version % 100}"}
     config, cases = load_cases(args.config, args.filter, "torch_bench.py")
-    compiled = args.mode == "compile"
-    meta = run_meta(args.config, config, "pytorch-compile" if compiled else "pytorch-eager", {})
-    run_all(cases, meta, args.out, lambda case: run_case(case, compiled, args.config, args.grouped_mm_alone))
+    meta = run_meta(args.config, config, BACKENDS[args.mode], versions)
+    if args.mode == "moekit":
+        meta.update(moekit_library=moekit.library_path(),
+                    note=MOEKIT_NOTE.format(call="moekit.moe, moekit.sparse_swiglu"))
+    run_all(cases, meta, args.out, lambda case: run_case(case, args.mode, args.config, args.grouped_mm_alone))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine, from the repository root: every bench config through moekit-bench (the CUDA backend, and
-# the reference backend on the machine's CPU), through bench/compare/torch_bench.py (eager, then torch.compile) and,
-# when bench/device/stage_sonicmoe.sh put SonicMoE into DEST, the MoE layer shapes through
-# bench/compare/sonicmoe_bench.py; then bench/device/perf_tables.py turns all the results into the generated part
-# of docs/performance.md.
+# the reference backend on the machine's CPU), through bench/compare/torch_bench.py (eager, then torch.compile), the
+# MoE layer shapes through torch_bench.py --mode moekit (moekit's layer called from its Python package) and, when
+# bench/device/stage_sonicmoe.sh put SonicMoE into DEST, through bench/compare/sonicmoe_bench.py; then
+# bench/device/perf_tables.py turns all the results into the generated part of docs/performance.md.
 #   bench/device/run_all.sh DEST [STEP ...]
 # DEST: the folder bench/device/stage.sh filled (copied to the GPU machine with the repository). STEP: only these
 # steps (names as in the list below, e.g. "torch-compile:sonicmoe_fig14"); all by default.
@@ -37,6 +37,8 @@ if [[ -f $dest/bench.tgz ]]; then
   tar -xzf "$dest/bench.tgz" -C "$dest" && rm "$dest/bench.tgz"
 fi
 bench=$(realpath "$dest/moekit-bench")
+# The library moekit-bench was built with, for moekit's Python package (torch_bench.py --mode moekit).
+moekit_library=$(realpath "$dest/libmoekit.so.0.2")
 export MOEKIT_GIT_SHA=$(cat "$dest/git_sha" 2>/dev/null)
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader >"$results/device.txt" 2>&1
 "$python" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)' >>"$results/device.txt" 2>&1
@@ -60,11 +62,11 @@ done
 sonicmoe_env="PYTHONPATH=$sonicmoe_path QUACK_CACHE_AUTOTUNING=1 QUACK_CACHE_DIR=$sonicmoe_cache QUACK_COMPILE_WORKERS=16"
 
 # step name | time limit (s) | command. The name is "tool:config"; perf_tables.py's topics name these steps. Order =
-# priority: moekit first, the reference backend, then PyTorch eager, torch.compile (its compile time, ~10-30 s per
-# shape, comes on top of the timed calls) and SonicMoE last (its tuning alone outlasts one run: see
-# docs/benchmark.md); the real-model shapes (models.json) come after the other moekit steps, and after every other
-# PyTorch step. The limits are about twice the costs estimated from the shapes and the configs' iteration counts,
-# or measured (docs/benchmark.md, "Reproducing the tables").
+# priority: moekit first, the reference backend, then PyTorch eager, moekit from Python (after the eager step of the
+# same config), torch.compile (its compile time, ~10-30 s per shape, comes on top of the timed calls) and SonicMoE
+# last (its tuning alone outlasts one run: see docs/benchmark.md); the real-model shapes (models.json) come after the
+# other moekit steps, and after every other PyTorch step. The limits are about twice the costs estimated from the
+# shapes and the configs' iteration counts, or measured (docs/benchmark.md, "Reproducing the tables").
 steps=(
   "moekit:smoke|60|$bench bench/configs/smoke.json --backend cuda --check --out $results/moekit_smoke.json"
   "moekit:sonicmoe_fig14|150|$bench bench/configs/sonicmoe_fig14.json --backend cuda --breakdown --out $results/moekit_sonicmoe_fig14.json"
@@ -78,9 +80,11 @@ steps=(
   "torch-eager:gemm_rows_per_expert|60|$python bench/compare/torch_bench.py bench/configs/gemm_rows_per_expert.json --mode eager --grouped-mm-alone --out $results/torch-eager_gemm_rows_per_expert.json"
   "torch-eager:sparse_ffn|60|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode eager --out $results/torch-eager_sparse_ffn.json"
   "torch-eager:gemm|150|$python bench/compare/torch_bench.py bench/configs/gemm.json --mode eager --out $results/torch-eager_gemm.json"
+  "torch-moekit:sonicmoe_fig14|120|env MOEKIT_LIBRARY=$moekit_library $python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode moekit --out $results/torch-moekit_sonicmoe_fig14.json"
   "torch-compile:sonicmoe_fig14|240|$python bench/compare/torch_bench.py bench/configs/sonicmoe_fig14.json --mode compile --out $results/torch-compile_sonicmoe_fig14.json"
   "torch-compile:sparse_ffn|90|$python bench/compare/torch_bench.py bench/configs/sparse_ffn.json --mode compile --out $results/torch-compile_sparse_ffn.json"
   "torch-eager:models|60|$python bench/compare/torch_bench.py bench/configs/models.json --mode eager --out $results/torch-eager_models.json"
+  "torch-moekit:models|60|env MOEKIT_LIBRARY=$moekit_library $python bench/compare/torch_bench.py bench/configs/models.json --mode moekit --out $results/torch-moekit_models.json"
   "torch-compile:models|120|$python bench/compare/torch_bench.py bench/configs/models.json --mode compile --out $results/torch-compile_models.json"
   "sonicmoe:sonicmoe_fig14|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/sonicmoe_fig14.json --kernel-time --out $results/sonicmoe_sonicmoe_fig14.json"
   "sonicmoe:models|480|env $sonicmoe_env $python bench/compare/sonicmoe_bench.py bench/configs/models.json --kernel-time --out $results/sonicmoe_models.json"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CTest bench_perf_tables: perf_tables.py on the hand-written fixtures here (moekit-bench's CUDA and reference
-schema, torch_bench.py's with and without --grouped-mm-alone and with and without its step memory, sonicmoe_bench.py's
-with --kernel-time), checked line by line and cell by cell: the header, the topics in their order with their
+schema, torch_bench.py's with and without --grouped-mm-alone and with and without its step memory, and with --mode
+moekit, sonicmoe_bench.py's with --kernel-time), checked line by line and cell by cell: the header, the topics in their order with their
 commands, the tables (the real-model layer shapes and the step memory columns among them), and --update of a
 document's generated part."""
 import json
@@ -20,7 +20,8 @@ import perf_tables  # noqa: E402
 
 FIG14 = ["moekit_fig14.json", "torch_eager_fig14.json", "torch_eager_fig14_rerun.json", "torch_compile_fig14.json"]
 # torch_compile_models.json is as an older torch_bench.py wrote it: no peak_extra_bytes.
-MODELS = ["moekit_models.json", "sonicmoe_models.json", "torch_eager_models.json", "torch_compile_models.json"]
+MODELS = ["moekit_models.json", "sonicmoe_models.json", "torch_eager_models.json", "torch_compile_models.json",
+          "torch_moekit_models.json"]
 
 
 def fixture(name):
@@ -76,8 +77,8 @@ class Header(unittest.TestCase):
         positions = [self.text.index(f"### {title}\n") for title in titles]
         self.assertEqual(positions, sorted(positions))
         layer = section(self.text, titles[0])
-        self.assertIn("`bash bench/device/run_all.sh DEST moekit:sonicmoe_fig14 sonicmoe:sonicmoe_fig14 "
-                      "torch-eager:sonicmoe_fig14 torch-compile:sonicmoe_fig14` (config "
+        self.assertIn("`bash bench/device/run_all.sh DEST moekit:sonicmoe_fig14 torch-moekit:sonicmoe_fig14 "
+                      "sonicmoe:sonicmoe_fig14 torch-eager:sonicmoe_fig14 torch-compile:sonicmoe_fig14` (config "
                       "`bench/configs/sonicmoe_fig14.json`). SonicMoE's steps need `bash "
                       "bench/device/stage_sonicmoe.sh DEST` first.", layer)
         self.assertIn("Ceilings measured by moekit-bench in this step: dense bf16 GEMM 796 TFLOP/s, device copy "
@@ -230,19 +231,25 @@ class ModelsTable(unittest.TestCase):
 
     def test_columns_command_and_notes(self):
         self.assertEqual(self.columns, ["case", "model", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
-                                        "moekit vs cuBLAS", "SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
+                                        "moekit vs cuBLAS", "moekit from Python ms", "moekit from Python TFLOP/s",
+                                        "Python / C", "SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
                                         "eager ms", "eager TFLOP/s", "moekit vs eager", "compile ms",
                                         "compile TFLOP/s", "moekit vs compile", "moekit step GiB",
-                                        "SonicMoE step GiB", "eager step GiB", "compile step GiB"])
+                                        "moekit from Python step GiB", "SonicMoE step GiB", "eager step GiB",
+                                        "compile step GiB"])
         self.assertEqual(list(self.rows), ["moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
                                            "moe_fwd_T16384_H2880_I2880_E32_K4"])
-        self.assertIn("`bash bench/device/run_all.sh DEST moekit:models sonicmoe:models torch-eager:models "
-                      "torch-compile:models` (config `bench/configs/models.json`). SonicMoE's steps need `bash "
+        self.assertIn("`bash bench/device/run_all.sh DEST moekit:models torch-moekit:models sonicmoe:models "
+                      "torch-eager:models torch-compile:models` (config `bench/configs/models.json`). SonicMoE's steps need `bash "
                       "bench/device/stage_sonicmoe.sh DEST` first.", self.text)
         self.assertIn("- step `torch-compile:models`: skipped (no time left)", self.text)
         self.assertIn("Ceilings measured by moekit-bench in this step: dense bf16 GEMM 807 TFLOP/s", self.text)
         self.assertIn("The gpt-oss-like case adds its biases", self.text)
-        self.assertIn("SonicMoE / eager / compile: the peak of torch.cuda.max_memory_allocated()", self.text)
+        self.assertIn("moekit from Python / SonicMoE / eager / compile: the peak of "
+                      "torch.cuda.max_memory_allocated()", self.text)
+        self.assertIn("moekit from Python: the same layer called as a PyTorch user calls it", self.text)
+        self.assertIn("'Python / C' is its time over moekit-bench's", self.text)
+        self.assertNotIn("moekit from Python", self.fig14)  # no Python results of that config
         self.assertNotIn("paper", self.text)
         self.assertNotIn("| model |", self.fig14)
         self.assertNotIn("step `torch-compile:models`", self.fig14)
@@ -260,6 +267,18 @@ class ModelsTable(unittest.TestCase):
         self.assertEqual(self.cell(oss, "SonicMoE ms"), "n/s")
         self.assertEqual(self.cell(oss, "compile ms"), "not run")
         self.assertEqual(self.cell(qwen_bwd, "eager ms"), "not run")
+
+    def test_moekit_from_python(self):
+        qwen, qwen_bwd, oss = ("moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
+                               "moe_fwd_T16384_H2880_I2880_E32_K4")
+        self.assertEqual(self.cell(qwen, "moekit from Python ms"), "4.68")
+        self.assertEqual(self.cell(qwen, "moekit from Python TFLOP/s"), "529")
+        self.assertEqual(self.cell(qwen, "Python / C"), "1.04")  # 4680 / 4501.49
+        self.assertEqual(self.cell(qwen_bwd, "Python / C"), "1.05")  # 9360 / 8915.34
+        self.assertEqual(self.cell(oss, "moekit from Python ms"), "6.70")  # biases and SwiGLU-OAI: supported
+        self.assertEqual(self.cell(oss, "Python / C"), "1.06")  # 6700 / 6321.97
+        self.assertEqual(self.cell(qwen, "moekit from Python step GiB"), "4.25")  # 4563402752 / 2^30
+        self.assertEqual(self.cell(oss, "moekit from Python step GiB"), "3.50")
 
     def test_step_memory(self):
         qwen, qwen_bwd, oss = ("moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
