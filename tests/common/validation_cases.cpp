@@ -95,18 +95,23 @@ ValidationCase dispatch_case(const char* name, bool general) {
   }};
 }
 
+// The router plan both router cases run: T x E logits, top-K, the z-loss on.
+moekit_status_t create_z_loss_router(moekit_handle_t h, Plan& p) {
+  moekit_router_desc_t d;
+  moekit_router_desc_init(&d);
+  d.max_tokens = kT;
+  d.experts = kE;
+  d.top_k = kK;
+  d.z_loss_coeff = 0.001;
+  return moekit_router_plan_create(h, &d, &p.plan);
+}
+
 // A router with the z-loss on. plant 1: an expert id past E; plant 2: a NaN upstream gradient of the z-loss.
 ValidationCase router_backward_case(const char* name, int planted) {
   return ValidationCase{name, planted == 1 ? "indices" : "dz_loss", true, false,
                         [planted](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
-    moekit_router_desc_t d;
-    moekit_router_desc_init(&d);
-    d.max_tokens = kT;
-    d.experts = kE;
-    d.top_k = kK;
-    d.z_loss_coeff = 0.001;
     Plan p;
-    CREATE_OR_RETURN(moekit_router_plan_create(h, &d, &p.plan));
+    CREATE_OR_RETURN(create_z_loss_router(h, p));
     std::vector<int64_t> idx(kP);
     for (int64_t i = 0; i < kP; ++i) idx[static_cast<size_t>(i)] = (i % kK == 0) ? (i / kK) % kE : (i / kK + 1) % kE;
     HostTensor dz(MOEKIT_DTYPE_FP32, {1});
@@ -130,14 +135,8 @@ ValidationCase router_backward_case(const char* name, int planted) {
 ValidationCase router_forward_case(const char* name, int planted) {
   return ValidationCase{name, planted == 1 ? "logits" : "z_loss", true, planted == 2,
                         [planted](moekit_handle_t h, TensorStore& s, bool plant, std::vector<moekit_tensor_t>& out) {
-    moekit_router_desc_t d;
-    moekit_router_desc_init(&d);
-    d.max_tokens = kT;
-    d.experts = kE;
-    d.top_k = kK;
-    d.z_loss_coeff = 0.001;
     Plan p;
-    CREATE_OR_RETURN(moekit_router_plan_create(h, &d, &p.plan));
+    CREATE_OR_RETURN(create_z_loss_router(h, p));
     HostTensor logits = random_tensor(MOEKIT_DTYPE_BF16, {kT, kE}, 21);
     logits.set(2, -INFINITY);  // a masked expert is valid
     if (plant && planted == 1) logits.set(9, NAN);
