@@ -59,20 +59,6 @@ const char* dtype_name(int32_t dtype) {
   }
 }
 
-size_t dtype_bytes(int32_t dtype) {
-  switch (dtype) {
-    case MOEKIT_DTYPE_FP8_E4M3:
-    case MOEKIT_DTYPE_FP8_E5M2: return 1;
-    case MOEKIT_DTYPE_BF16:
-    case MOEKIT_DTYPE_FP16: return 2;
-    case MOEKIT_DTYPE_FP32:
-    case MOEKIT_DTYPE_INT32: return 4;
-    case MOEKIT_DTYPE_FP64:
-    case MOEKIT_DTYPE_INT64: return 8;
-    default: return 0;
-  }
-}
-
 bool is_float_dtype(int32_t dtype) {
   return dtype == MOEKIT_DTYPE_BF16 || dtype == MOEKIT_DTYPE_FP16 || dtype == MOEKIT_DTYPE_FP32 ||
          dtype == MOEKIT_DTYPE_FP64;

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "moekit/moekit.h"
+#include "src/dtype_bytes.h"
 
 namespace moekit {
 inline namespace v0 {
@@ -28,7 +29,7 @@ struct Extent {
 };
 
 const char* dtype_name(int32_t dtype);
-size_t dtype_bytes(int32_t dtype);  // 0 for an unknown dtype
+using ::moekit::dtype_bytes;
 bool is_float_dtype(int32_t dtype);
 
 // A tensor is present when it has data, or when it has a shape with no element (PyTorch hands out NULL for

@@ -5,22 +5,12 @@
 #include <atomic>
 #include <string>
 
+#include "src/dtype_bytes.h"
+
 namespace moekit {
 inline namespace v0 {
 namespace ep {
 namespace {
-
-size_t dtype_bytes(int32_t dtype) {
-  switch (dtype) {
-    case MOEKIT_DTYPE_BF16:
-    case MOEKIT_DTYPE_FP16: return 2;
-    case MOEKIT_DTYPE_FP32:
-    case MOEKIT_DTYPE_INT32: return 4;
-    case MOEKIT_DTYPE_FP64:
-    case MOEKIT_DTYPE_INT64: return 8;
-    default: return 0;
-  }
-}
 
 bool gated(int32_t activation) { return activation < MOEKIT_ACT_GELU; }
 
@@ -224,10 +214,11 @@ void build_plan(moekit_ep_plan& p) {
     invalid("desc.capacity: the capacity mode needs capacity >= 1, got " + std::to_string(d.capacity));
   if (d.mode == MOEKIT_EP_CAPACITY && d.capacity > (int64_t{1} << 30) / ranks)
     invalid("desc.capacity: ranks * capacity must fit in 2^30 rows, got " + std::to_string(d.capacity));
+  if (l.dtype != MOEKIT_DTYPE_BF16 && l.dtype != MOEKIT_DTYPE_FP16 && l.dtype != MOEKIT_DTYPE_FP32 &&
+      l.dtype != MOEKIT_DTYPE_FP64)
+    invalid("desc.layer.dtype: expected bf16, fp16, fp32 or fp64, got " + std::to_string(l.dtype));
   p.dtype = l.dtype;
   p.element_bytes = dtype_bytes(l.dtype);
-  if (p.element_bytes == 0 || l.dtype == MOEKIT_DTYPE_INT32 || l.dtype == MOEKIT_DTYPE_INT64)
-    invalid("desc.layer.dtype: expected bf16, fp16, fp32 or fp64, got " + std::to_string(l.dtype));
   p.score_dtype = l.dtype == MOEKIT_DTYPE_FP64 ? MOEKIT_DTYPE_FP64 : MOEKIT_DTYPE_FP32;
   p.score_bytes = dtype_bytes(p.score_dtype);
   p.grad_dtype = l.weight_grad_dtype == MOEKIT_DTYPE_INVALID ? l.dtype : l.weight_grad_dtype;
