@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "capi/validate.h"
+#include "capi/value_checks.h"
 #include "moekit/moekit.h"
 
 namespace moekit {
@@ -15,10 +16,18 @@ namespace capi {
 // expert is NOT_SUPPORTED.
 void require_aux_losses(int32_t kind, double load_balance_coeff, double z_loss_coeff);
 
-// A loss value or its upstream gradient: one score-dtype element read flat, optional, and allowed only when the
-// loss is on (coeff != 0).
-void check_loss_scalar(const TensorRules& rules, const char* name, const moekit_tensor_t& t, int32_t plan_dtype,
-                       double coeff, const char* coeff_name);
+// Which tensors of the two losses a call passes: the values a forward writes (load_balance_loss, z_loss) or the
+// upstream gradients a backward reads (dload_balance_loss, dz_loss).
+enum class LossSide { forward, backward };
+
+// Each one score-dtype element read flat, optional, and allowed only when its loss is on (coeff != 0).
+void check_loss_tensors(const TensorRules& rules, LossSide side, const moekit_tensor_t& load_balance,
+                        const moekit_tensor_t& z_loss, int32_t plan_dtype, double load_balance_coeff,
+                        double z_loss_coeff);
+
+// Both finite: outputs of a forward, inputs of a backward.
+void add_loss_values(CallChecks& checks, LossSide side, const moekit_tensor_t& load_balance,
+                     const moekit_tensor_t& z_loss);
 
 }  // namespace capi
 }  // namespace v0

@@ -50,8 +50,8 @@ void check_forward(const moekit_plan& plan, const moekit_moe_fwd_args_t& a) {
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).optional().check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({router_experts(d)}).optional().check();
   require_finite("beta_out", a.beta_out);
-  check_loss_scalar(r, "load_balance_loss", a.load_balance_loss, d.dtype, d.load_balance_coeff, "load_balance_coeff");
-  check_loss_scalar(r, "z_loss", a.z_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
+  check_loss_tensors(r, LossSide::forward, a.load_balance_loss, a.z_loss, d.dtype, d.load_balance_coeff,
+                     d.z_loss_coeff);
 }
 
 void check_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& a) {
@@ -73,9 +73,8 @@ void check_backward(const moekit_plan& plan, const moekit_moe_bwd_args_t& a) {
       .used_if(a.compute_weight_grad)
       .check();
   require_finite("beta_dw_router", a.beta_dw_router);
-  check_loss_scalar(r, "dload_balance_loss", a.dload_balance_loss, d.dtype, d.load_balance_coeff,
-                    "load_balance_coeff");
-  check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
+  check_loss_tensors(r, LossSide::backward, a.dload_balance_loss, a.dz_loss, d.dtype, d.load_balance_coeff,
+                     d.z_loss_coeff);
 }
 
 CallChecks forward_values(const moekit_plan&, const moekit_moe_fwd_args_t& a) {
@@ -86,8 +85,7 @@ CallChecks forward_values(const moekit_plan&, const moekit_moe_fwd_args_t& a) {
   add_expert_weight_values(c.inputs, a.w1, a.b1, a.w2, a.b2);
   add_gradient(c, "out", a.out, true, a.beta_out);
   add_finite(c.outputs, "scores", a.scores);
-  add_finite(c.outputs, "load_balance_loss", a.load_balance_loss);
-  add_finite(c.outputs, "z_loss", a.z_loss);
+  add_loss_values(c, LossSide::forward, a.load_balance_loss, a.z_loss);
   return c;
 }
 
@@ -99,8 +97,7 @@ CallChecks backward_values(const moekit_plan&, const moekit_moe_bwd_args_t& a) {
   add_expert_weight_values(c.inputs, a.w1, moekit_tensor_t{}, a.w2, a.b2);
   add_expert_gradient_values(c, gradients_of(a));
   add_gradient(c, "dw_router", a.dw_router, a.compute_weight_grad != 0, a.beta_dw_router);
-  add_finite(c.inputs, "dload_balance_loss", a.dload_balance_loss);
-  add_finite(c.inputs, "dz_loss", a.dz_loss);
+  add_loss_values(c, LossSide::backward, a.dload_balance_loss, a.dz_loss);
   return c;
 }
 

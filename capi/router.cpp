@@ -36,8 +36,8 @@ void check_forward(const moekit_plan& plan, const moekit_router_fwd_args_t& a) {
   TensorCheck(r, "scores", a.scores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "indices", a.indices).index_dtype().shape({t, k}).check();
   TensorCheck(r, "counts", a.counts).dtype(MOEKIT_DTYPE_INT32).shape({e}).optional().check();
-  check_loss_scalar(r, "load_balance_loss", a.load_balance_loss, d.dtype, d.load_balance_coeff, "load_balance_coeff");
-  check_loss_scalar(r, "z_loss", a.z_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
+  check_loss_tensors(r, LossSide::forward, a.load_balance_loss, a.z_loss, d.dtype, d.load_balance_coeff,
+                     d.z_loss_coeff);
 }
 
 void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) {
@@ -50,9 +50,8 @@ void check_backward(const moekit_plan& plan, const moekit_router_bwd_args_t& a) 
   TensorCheck(r, "dscores", a.dscores).score_dtype(d.dtype).shape({t, k}).check();
   TensorCheck(r, "dlogits", a.dlogits).dtype_in({MOEKIT_DTYPE_FP32, d.dtype}).shape({t, e}).check();
   require_flag("accumulate", a.accumulate);
-  check_loss_scalar(r, "dload_balance_loss", a.dload_balance_loss, d.dtype, d.load_balance_coeff,
-                    "load_balance_coeff");
-  check_loss_scalar(r, "dz_loss", a.dz_loss, d.dtype, d.z_loss_coeff, "z_loss_coeff");
+  check_loss_tensors(r, LossSide::backward, a.dload_balance_loss, a.dz_loss, d.dtype, d.load_balance_coeff,
+                     d.z_loss_coeff);
 }
 
 CallChecks forward_values(const moekit_plan&, const moekit_router_fwd_args_t& a) {
@@ -60,8 +59,7 @@ CallChecks forward_values(const moekit_plan&, const moekit_router_fwd_args_t& a)
   add_finite_or_masked(c.inputs, "logits", a.logits);
   add_finite(c.inputs, "bias", a.bias);
   add_finite(c.outputs, "scores", a.scores);
-  add_finite(c.outputs, "load_balance_loss", a.load_balance_loss);
-  add_finite(c.outputs, "z_loss", a.z_loss);
+  add_loss_values(c, LossSide::forward, a.load_balance_loss, a.z_loss);
   return c;
 }
 
@@ -71,8 +69,7 @@ CallChecks backward_values(const moekit_plan& plan, const moekit_router_bwd_args
   add_index_range(c.inputs, "indices", a.indices, 0, plan.router.experts);
   add_finite(c.inputs, "dscores", a.dscores);
   if (a.accumulate) add_finite(c.inputs, "dlogits", a.dlogits);
-  add_finite(c.inputs, "dload_balance_loss", a.dload_balance_loss);
-  add_finite(c.inputs, "dz_loss", a.dz_loss);
+  add_loss_values(c, LossSide::backward, a.dload_balance_loss, a.dz_loss);
   add_finite(c.outputs, "dlogits", a.dlogits);
   return c;
 }
