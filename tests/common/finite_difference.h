@@ -1,6 +1,7 @@
 // Central-difference gradient checks shared by the float64 backward tests (test_gradients_*.cpp): the step and
-// tolerance rule, the random choice of entries to perturb, the checker and the assertions on its result.
-// A problem type only needs `double loss()`, a fresh forward of the current parameters.
+// tolerance rule, the redrawing of ill-conditioned draws, a problem's plan and buffers, the random choice of entries
+// to perturb, the checker and the assertions on its result. The checker only needs `double loss()` of a problem,
+// a fresh forward of the current parameters.
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -22,6 +23,42 @@ namespace moekit_test {
 // error (step^2) and the roundoff of the loss (ulp / step) about ten times better than 1e-6.
 constexpr double kFdRelativeStep = 1e-5;
 constexpr double kFdRelativeTolerance = 1e-6;
+
+// Calls draw() until well_conditioned() holds, which must happen within 199 draws: a draw that a perturbation
+// could carry across a discontinuity (a selection flip, a kink) is redrawn.
+template <class Draw, class Accept>
+void draw_well_conditioned(Draw draw, Accept well_conditioned) {
+  int attempts = 0;
+  do {
+    REQUIRE(++attempts < 200);
+    draw();
+  } while (!well_conditioned());
+}
+
+// The plan of a problem with the saved buffer and workspace it asks for, on a reference handle of one thread:
+// thousands of tiny forwards, thread start-up would dominate.
+class FdPlan {
+ public:
+  // make(handle, &desc, &plan), a moekit_*_plan_create.
+  template <class Make, class Desc>
+  void create(Make make, const Desc& desc) {
+    MOEKIT_REQUIRE_OK(make(handle_.handle, &desc, &plan_.plan));
+    saved_ = saved_buffer(plan_.plan);
+    workspace_ = workspace_buffer(plan_.plan);
+  }
+
+  // One host call of a moekit_*_forward or moekit_*_backward on the plan and its buffers.
+  template <class Call, class Args>
+  void run(Call call, const Args& args) {
+    MOEKIT_REQUIRE_OK(call(plan_.plan, &args, saved_.data(), saved_.size(), workspace_.data(), workspace_.size(),
+                           nullptr));
+  }
+
+ private:
+  ReferenceHandle handle_{1};
+  PlanOwner plan_;
+  AlignedBuffer saved_, workspace_;
+};
 
 // `count` distinct entries of 0..n-1 drawn at random (all of them when n <= count).
 inline std::vector<int64_t> pick_entries(int64_t n, int64_t count, std::mt19937_64& rng) {

@@ -85,6 +85,11 @@ void HostTensor::fill_uniform(std::mt19937_64& rng, double scale) {
   for (int64_t i = 0; i < numel(); ++i) set(i, integer ? std::floor(dist(rng)) : dist(rng));
 }
 
+void HostTensor::fill_uniform(std::mt19937_64& rng, double lo, double hi) {
+  std::uniform_real_distribution<double> dist(lo, hi);
+  for (int64_t i = 0; i < numel(); ++i) set(i, dist(rng));
+}
+
 void HostTensor::poison() {
   bool integer = dtype_ == MOEKIT_DTYPE_INT32 || dtype_ == MOEKIT_DTYPE_INT64;
   for (int64_t i = 0; i < numel(); ++i) set(i, integer ? 0x7eadbeef : std::numeric_limits<double>::quiet_NaN());
@@ -238,6 +243,18 @@ AlignedBuffer AlignedBuffer::non_null(size_t bytes) {
   AlignedBuffer buffer(bytes);
   if (buffer.chunks_.empty()) buffer.chunks_.resize(1);
   return buffer;
+}
+
+AlignedBuffer saved_buffer(moekit_plan_t plan) {
+  size_t bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &bytes));
+  return AlignedBuffer(bytes);
+}
+
+AlignedBuffer workspace_buffer(moekit_plan_t plan) {
+  size_t bytes = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &bytes));
+  return AlignedBuffer(bytes);
 }
 
 }  // namespace moekit_test

@@ -35,6 +35,8 @@ class HostTensor {
 
   // Uniform in [-scale, scale] (rounded to the dtype); integer dtypes get integers in [0, scale).
   void fill_uniform(std::mt19937_64& rng, double scale);
+  // Uniform in [lo, hi) (rounded to the dtype), for float dtypes.
+  void fill_uniform(std::mt19937_64& rng, double lo, double hi);
   // A recognisable garbage pattern (NaN for floats, 0x7eadbeef-ish for integers): outputs are poisoned before a call.
   void poison();
   bool bytes_equal(const HostTensor& other) const;
@@ -133,6 +135,10 @@ class AlignedBuffer {
   std::vector<Chunk> chunks_;
   size_t bytes_;
 };
+
+// The saved buffer and the workspace of the sizes a plan asks for; each REQUIREs the size query to succeed.
+AlignedBuffer saved_buffer(moekit_plan_t plan);
+AlignedBuffer workspace_buffer(moekit_plan_t plan);
 
 }  // namespace moekit_test
 

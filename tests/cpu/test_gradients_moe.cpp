@@ -22,13 +22,13 @@
 namespace {
 
 using moekit_test::HostTensor;
-using moekit_test::AlignedBuffer;
-using moekit_test::ReferenceHandle;
 using moekit_test::max_abs;
 using moekit_test::pick_entries;
 using moekit_test::FdResult;
 using moekit_test::central_differences;
 using moekit_test::check_fd_result;
+using moekit_test::draw_well_conditioned;
+using moekit_test::FdPlan;
 
 constexpr double kSelectionMargin = 1e-3;  // smallest gap between consecutive router keys down to the (K+1)-th
 constexpr double kKinkMargin = 1e-3;       // smallest distance of a pre-activation from a kink
@@ -104,12 +104,7 @@ class MoeProblem {
     desc.weight_grad_dtype = MOEKIT_DTYPE_FP64;
     desc.load_balance_coeff = c.load_balance_coeff;
     desc.z_loss_coeff = c.z_loss_coeff;
-    MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle_.handle, &desc, &plan_));
-    size_t saved_bytes = 0, workspace_bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan_, &saved_bytes));
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan_, &workspace_bytes));
-    saved_ = AlignedBuffer(saved_bytes);
-    workspace_ = AlignedBuffer(workspace_bytes);
+    plan_.create(moekit_moe_plan_create, desc);
 
     const int64_t T = c.tokens, H = c.hidden, E = c.experts, RE = c.router_experts;
     x = HostTensor(MOEKIT_DTYPE_FP64, {T, H});
@@ -130,17 +125,10 @@ class MoeProblem {
     lb_weight.set(0, c.lb_weight);
     z_weight.set(0, c.z_weight);
 
-    int attempts = 0;
-    do {
-      REQUIRE(++attempts < 200);
-      draw(rng);
-    } while (!well_conditioned());
+    draw_well_conditioned([&] { draw(rng); }, [&] { return well_conditioned(); });
     forward();
     base_indices_ = indices;
   }
-  ~MoeProblem() { moekit_plan_destroy(plan_); }
-  MoeProblem(const MoeProblem&) = delete;
-  MoeProblem& operator=(const MoeProblem&) = delete;
 
   const MoeCase& spec() const { return case_; }
 
@@ -166,8 +154,7 @@ class MoeProblem {
     z_loss.poison();
     if (case_.load_balance_coeff != 0) args.load_balance_loss = load_balance_loss.view();
     if (case_.z_loss_coeff != 0) args.z_loss = z_loss.view();
-    MOEKIT_REQUIRE_OK(moekit_moe_forward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
-                                         workspace_.size(), nullptr));
+    plan_.run(moekit_moe_forward, args);
   }
 
   // sum(G * out) of a fresh forward; counts a selection that differs from the base draw's.
@@ -221,8 +208,7 @@ class MoeProblem {
     args.beta_db2 = request.beta_db2;
     if (case_.load_balance_coeff != 0) args.dload_balance_loss = lb_weight.view();
     if (case_.z_loss_coeff != 0) args.dz_loss = z_weight.view();
-    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
-                                          workspace_.size(), nullptr));
+    plan_.run(moekit_moe_backward, args);
   }
 
   // Forward then a combined backward with beta = 0 into NaN-poisoned tensors.
@@ -263,22 +249,17 @@ class MoeProblem {
   int64_t clamped_entries = 0;   // SwiGLU-OAI inputs beyond the limit, of the accepted draw
 
  private:
-  static void fill(HostTensor& t, std::mt19937_64& rng, double lo, double hi) {
-    std::uniform_real_distribution<double> dist(lo, hi);
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng));
-  }
-
   void draw(std::mt19937_64& rng) {
     // Renormalised plain top-k divides by the sum of the selected logits: keep every logit positive.
     bool positive_logits = case_.router == MOEKIT_ROUTER_TOPK && case_.renormalize;
-    fill(x, rng, positive_logits ? 0.05 : -1.0, 1.0);
-    fill(w_router, rng, positive_logits ? 0.05 : -1.0, 1.0);
-    if (case_.router_bias) fill(router_bias, rng, -0.3, 0.3);
-    fill(w1, rng, -0.5, 0.5);
-    if (case_.has_b1) fill(b1, rng, -0.5, 0.5);
-    fill(w2, rng, -0.5, 0.5);
-    if (case_.has_b2) fill(b2, rng, -0.5, 0.5);
-    fill(g, rng, -1.0, 1.0);
+    x.fill_uniform(rng, positive_logits ? 0.05 : -1.0, 1.0);
+    w_router.fill_uniform(rng, positive_logits ? 0.05 : -1.0, 1.0);
+    if (case_.router_bias) router_bias.fill_uniform(rng, -0.3, 0.3);
+    w1.fill_uniform(rng, -0.5, 0.5);
+    if (case_.has_b1) b1.fill_uniform(rng, -0.5, 0.5);
+    w2.fill_uniform(rng, -0.5, 0.5);
+    if (case_.has_b2) b2.fill_uniform(rng, -0.5, 0.5);
+    g.fill_uniform(rng, -1.0, 1.0);
   }
 
   // The selection key of each router expert for token t, as docs/math.md section 1 orders them.
@@ -338,10 +319,7 @@ class MoeProblem {
   }
 
   MoeCase case_;
-  ReferenceHandle handle_{1};  // one thread: thousands of tiny forwards, thread start-up would dominate
-  moekit_plan_t plan_ = nullptr;
-  AlignedBuffer saved_{0};
-  AlignedBuffer workspace_{0};
+  FdPlan plan_;
   HostTensor base_indices_;
 };
 

@@ -22,13 +22,13 @@
 namespace {
 
 using moekit_test::HostTensor;
-using moekit_test::AlignedBuffer;
-using moekit_test::ReferenceHandle;
 using moekit_test::max_abs;
 using moekit_test::pick_entries;
 using moekit_test::FdResult;
 using moekit_test::central_differences;
 using moekit_test::check_fd_result;
+using moekit_test::draw_well_conditioned;
+using moekit_test::FdPlan;
 
 constexpr double kEnergyMargin = 1e-3;  // smallest relative gap between consecutive energies down to the (kg+1)-th
 constexpr int64_t kEntriesPerTensor = 128;  // per weight tensor: 96 of selected groups, 32 of the others
@@ -74,12 +74,7 @@ class FfnProblem {
     desc.dtype = MOEKIT_DTYPE_FP64;
     desc.inference = 0;
     desc.weight_grad_dtype = MOEKIT_DTYPE_FP64;
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(handle_.handle, &desc, &plan_));
-    size_t saved_bytes = 0, workspace_bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan_, &saved_bytes));
-    MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan_, &workspace_bytes));
-    saved_ = AlignedBuffer(saved_bytes);
-    workspace_ = AlignedBuffer(workspace_bytes);
+    plan_.create(moekit_sparse_ffn_plan_create, desc);
 
     const int64_t T = c.tokens, D = c.d_model, F = c.d_ff, NG = c.groups();
     x = HostTensor(MOEKIT_DTYPE_FP64, {T, D});
@@ -96,17 +91,10 @@ class FfnProblem {
                                               static_cast<int32_t*>(subsample_rows.data())));
     }
 
-    int attempts = 0;
-    do {
-      REQUIRE(++attempts < 200);
-      draw(rng);
-    } while (!well_conditioned());
+    draw_well_conditioned([&] { draw(rng); }, [&] { return well_conditioned(); });
     forward();
     base_groups_ = groups;
   }
-  ~FfnProblem() { moekit_plan_destroy(plan_); }
-  FfnProblem(const FfnProblem&) = delete;
-  FfnProblem& operator=(const FfnProblem&) = delete;
 
   const FfnCase& spec() const { return case_; }
 
@@ -124,8 +112,7 @@ class FfnProblem {
     args.out = out.view();
     args.groups = groups.view();
     args.beta_out = 0;
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
-                                                workspace_.size(), nullptr));
+    plan_.run(moekit_sparse_ffn_forward, args);
   }
 
   double loss() {
@@ -164,8 +151,7 @@ class FfnProblem {
     args.beta_dw_gate = request.beta_dw_gate;
     args.beta_dw_up = request.beta_dw_up;
     args.beta_dw_down = request.beta_dw_down;
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan_, &args, saved_.data(), saved_.size(), workspace_.data(),
-                                                 workspace_.size(), nullptr));
+    plan_.run(moekit_sparse_ffn_backward, args);
   }
 
   FfnGradients gradients() {
@@ -183,18 +169,13 @@ class FfnProblem {
   int64_t selection_changes = 0;
 
  private:
-  static void fill(HostTensor& t, std::mt19937_64& rng, double lo, double hi) {
-    std::uniform_real_distribution<double> dist(lo, hi);
-    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, dist(rng));
-  }
-
   void draw(std::mt19937_64& rng) {
-    fill(x, rng, -1.0, 1.0);
-    fill(w_gate, rng, -0.5, 0.5);
-    fill(w_up, rng, -0.5, 0.5);
-    fill(w_down, rng, -0.5, 0.5);
-    fill(g, rng, -1.0, 1.0);
-    if (case_.lb_bias) fill(lb_bias, rng, -0.5, 0.5);
+    x.fill_uniform(rng, -1.0, 1.0);
+    w_gate.fill_uniform(rng, -0.5, 0.5);
+    w_up.fill_uniform(rng, -0.5, 0.5);
+    w_down.fill_uniform(rng, -0.5, 0.5);
+    g.fill_uniform(rng, -1.0, 1.0);
+    if (case_.lb_bias) lb_bias.fill_uniform(rng, -0.5, 0.5);
   }
 
   // en[t, g] of docs/math.md section 7, in float64.
@@ -239,10 +220,7 @@ class FfnProblem {
   }
 
   FfnCase case_;
-  ReferenceHandle handle_{1};  // one thread: thousands of tiny forwards, thread start-up would dominate
-  moekit_plan_t plan_ = nullptr;
-  AlignedBuffer saved_{0};
-  AlignedBuffer workspace_{0};
+  FdPlan plan_;
   HostTensor base_groups_;
   std::set<int64_t> selected_;
 };
