@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "common/test_util.h"
+#include "expert_shape.h"
 #include "layer_reference.h"
 #include "src/numeric.h"
 
 using layer_test::ExpertRef;
+using layer_test::ExpertShape;
+using layer_test::GradientRequest;
 using layer_test::require_matches;
 using moekit_test::HostTensor;
 using moekit_test::AlignedBuffer;
@@ -21,14 +24,9 @@ using moekit_test::ReferenceHandle;
 
 namespace {
 
-struct Config {
-  int32_t activation = MOEKIT_ACT_SWIGLU;
-  int32_t glu_layout = MOEKIT_GLU_CONCAT;
-  bool biases = true;
-  int64_t hidden = 20, inter = 9;
+struct Config : ExpertShape {
   std::vector<int64_t> counts{4, 0, 11, 6};  // rows per expert; an empty expert, no tile multiples
   int64_t extra_rows = 3;                     // rows past offsets[E]
-  moekit_dtype_t dtype = MOEKIT_DTYPE_BF16;
 
   int64_t experts() const { return static_cast<int64_t>(counts.size()); }
   int64_t valid() const {
@@ -37,32 +35,12 @@ struct Config {
     return sum;
   }
   int64_t rows() const { return valid() + extra_rows; }
-  bool gated() const { return activation < MOEKIT_ACT_GELU; }
-  int64_t hw() const { return gated() ? 2 * inter : inter; }
   std::string describe() const {
     std::ostringstream s;
     s << "act " << activation << " glu " << glu_layout << " biases " << biases << " dtype " << dtype;
     return s.str();
   }
 };
-
-moekit_moe_desc_t experts_desc(const Config& c, int64_t max_rows) {
-  moekit_moe_desc_t d;
-  moekit_moe_desc_init(&d);
-  d.max_tokens = max_rows;
-  d.hidden = c.hidden;
-  d.intermediate = c.inter;
-  d.router_experts = c.experts();
-  d.experts = c.experts();
-  d.top_k = 1;
-  d.activation = c.activation;
-  d.glu_layout = c.glu_layout;
-  d.glu_limit = 1.0;
-  d.has_b1 = c.biases;
-  d.has_b2 = c.biases;
-  d.dtype = c.dtype;
-  return d;
-}
 
 // An experts plan with its parameters, grouped input rows and gradient tensors.
 struct Experts {
@@ -72,11 +50,9 @@ struct Experts {
   HostTensor x, offsets, w1, b1, w2, b2, y, dy, dx, dw1, db1, dw2, db2;
 
   Experts(moekit_handle_t handle, const Config& config, std::mt19937_64& rng) : c(config) {
-    moekit_moe_desc_t d = experts_desc(c, c.rows());
+    moekit_moe_desc_t d = c.desc(c.rows(), c.experts(), 1);
     MOEKIT_REQUIRE_OK(moekit_experts_plan_create(handle, &d, &plan.plan));
-    size_t bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan.plan, &bytes));
-    saved = AlignedBuffer(bytes);
+    saved = moekit_test::saved_buffer(plan.plan);
     const int64_t P = c.rows(), H = c.hidden, E = c.experts();
     x = HostTensor(c.dtype, {P, H});
     x.fill_uniform(rng, 1.0);
@@ -85,23 +61,13 @@ struct Experts {
     int64_t at = 0;
     offsets.set(0, 0);
     for (int64_t e = 0; e < E; ++e) offsets.set(e + 1, static_cast<double>(at += c.counts[static_cast<size_t>(e)]));
-    w1 = HostTensor(c.dtype, {E, c.hw(), H});
-    b1 = HostTensor(c.dtype, {E, c.hw()});
-    w2 = HostTensor(c.dtype, {E, H, c.inter});
-    b2 = HostTensor(c.dtype, {E, H});
-    w1.fill_uniform(rng, 2.0 / std::sqrt(double(H)));
-    b1.fill_uniform(rng, 0.5);
-    w2.fill_uniform(rng, 2.0 / std::sqrt(double(c.inter)));
-    b2.fill_uniform(rng, 0.5);
+    c.draw_weights(E, rng, w1, b1, w2, b2);
     y = HostTensor(c.dtype, {P, H});
     dy = HostTensor(c.dtype, {P, H});
     dy.fill_uniform(rng, 1.0);
     for (int64_t i = c.valid() * H; i < P * H; ++i) dy.set(i, NAN);
     dx = HostTensor(c.dtype, {P, H});
-    dw1 = HostTensor(c.dtype, {E, c.hw(), H});
-    db1 = HostTensor(c.dtype, {E, c.hw()});
-    dw2 = HostTensor(c.dtype, {E, H, c.inter});
-    db2 = HostTensor(c.dtype, {E, H});
+    c.expert_tensors(c.dtype, E, dw1, db1, dw2, db2);
   }
 
   moekit_status_t forward() {
@@ -120,11 +86,7 @@ struct Experts {
     return moekit_experts_forward(plan.plan, &a, saved.data(), saved.size(), nullptr, 0, nullptr);
   }
 
-  struct Request {
-    bool input = true, weight = true;
-    double beta = 0;  // the same beta for every gradient
-  };
-  moekit_status_t backward(const Request& r, void* saved_data, size_t saved_bytes) {
+  moekit_status_t backward(const GradientRequest& r, void* saved_data, size_t saved_bytes) {
     moekit_experts_bwd_args_t a;
     moekit_experts_bwd_args_init(&a);
     a.x = x.view();
@@ -139,12 +101,10 @@ struct Experts {
       a.db1 = db1.view();
       a.db2 = db2.view();
     }
-    a.compute_input_grad = r.input;
-    a.compute_weight_grad = r.weight;
-    a.beta_dx = a.beta_dw1 = a.beta_db1 = a.beta_dw2 = a.beta_db2 = r.beta;
+    r.set(a);
     return moekit_experts_backward(plan.plan, &a, saved_data, saved_bytes, nullptr, 0, nullptr);
   }
-  moekit_status_t backward(const Request& r) { return backward(r, saved.data(), saved.size()); }
+  moekit_status_t backward(const GradientRequest& r) { return backward(r, saved.data(), saved.size()); }
 
   std::vector<HostTensor*> gradients() { return {&dx, &dw1, &db1, &dw2, &db2}; }
 };
@@ -246,13 +206,10 @@ TEST_CASE("experts on the MoE layer's dispatched rows, combined with its scores,
     c.dtype = dtype;
     moekit_dtype_t score_dtype = dtype == MOEKIT_DTYPE_FP64 ? MOEKIT_DTYPE_FP64 : MOEKIT_DTYPE_FP32;
     // The layer.
-    moekit_moe_desc_t md = experts_desc(c, T);
-    md.top_k = K;
+    moekit_moe_desc_t md = c.desc(T, c.experts(), K);
     PlanOwner layer;
     MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle.handle, &md, &layer.plan));
-    size_t saved_bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(layer.plan, &saved_bytes));
-    AlignedBuffer saved(saved_bytes);
+    AlignedBuffer saved = moekit_test::saved_buffer(layer.plan);
     Experts ex(handle.handle, c, rng);  // its weights serve the layer too
     HostTensor x(dtype, {T, H}), wr(dtype, {E, H}), out(dtype, {T, H}), scores(score_dtype, {T, K});
     HostTensor indices(MOEKIT_DTYPE_INT32, {T, K});

@@ -15,10 +15,13 @@
 
 #include "common/finite_difference.h"
 #include "common/test_util.h"
+#include "expert_shape.h"
 #include "layer_reference.h"
 #include "src/numeric.h"
 
 using layer_test::ExpertRef;
+using layer_test::ExpertShape;
+using layer_test::GradientRequest;
 using layer_test::require_matches;
 using moekit_test::AlignedBuffer;
 using moekit_test::HostTensor;
@@ -27,19 +30,13 @@ using moekit_test::ReferenceHandle;
 
 namespace {
 
-struct Shape {
-  int64_t tokens = 11, hidden = 20, inter = 9, experts = 4, top_k = 3;
+struct Shape : ExpertShape {
+  int64_t tokens = 11, experts = 4, top_k = 3;
   int64_t max_tokens = 0;  // 0: tokens
-  int32_t activation = MOEKIT_ACT_SWIGLU;
-  int32_t glu_layout = MOEKIT_GLU_CONCAT;
-  bool biases = true;
-  moekit_dtype_t dtype = MOEKIT_DTYPE_BF16;
   moekit_dtype_t weight_grad_dtype = MOEKIT_DTYPE_INVALID;  // the storage dtype
   moekit_dtype_t index_dtype = MOEKIT_DTYPE_INT32;
   bool inference = false;
 
-  bool gated() const { return activation < MOEKIT_ACT_GELU; }
-  int64_t hw() const { return gated() ? 2 * inter : inter; }
   moekit_dtype_t grad_dtype() const { return weight_grad_dtype == MOEKIT_DTYPE_INVALID ? dtype : weight_grad_dtype; }
   moekit_dtype_t score_dtype() const { return dtype == MOEKIT_DTYPE_FP64 ? MOEKIT_DTYPE_FP64 : MOEKIT_DTYPE_FP32; }
   std::string describe() const {
@@ -51,21 +48,8 @@ struct Shape {
 };
 
 moekit_moe_desc_t layer_desc(const Shape& s) {
-  moekit_moe_desc_t d;
-  moekit_moe_desc_init(&d);
-  d.max_tokens = s.max_tokens > 0 ? s.max_tokens : s.tokens;
-  d.hidden = s.hidden;
-  d.intermediate = s.inter;
-  d.router_experts = s.experts;
-  d.experts = s.experts;
-  d.top_k = s.top_k;
-  d.activation = s.activation;
-  d.glu_layout = s.glu_layout;
-  d.glu_limit = 1.0;
-  d.has_b1 = s.biases;
-  d.has_b2 = s.biases;
+  moekit_moe_desc_t d = s.desc(s.max_tokens > 0 ? s.max_tokens : s.tokens, s.experts, s.top_k);
   d.inference = s.inference;
-  d.dtype = s.dtype;
   d.weight_grad_dtype = s.weight_grad_dtype;
   return d;
 }
@@ -80,9 +64,7 @@ struct TokenExperts {
   TokenExperts(moekit_handle_t handle, const Shape& shape, std::mt19937_64& rng) : s(shape) {
     moekit_moe_desc_t d = layer_desc(s);
     MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(handle, &d, &plan.plan));
-    size_t bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan.plan, &bytes));
-    saved = AlignedBuffer(bytes);
+    saved = moekit_test::saved_buffer(plan.plan);
     const int64_t N = s.tokens, H = s.hidden, E = s.experts, K = s.top_k;
     const moekit_dtype_t wg = s.grad_dtype();
     x = HostTensor(s.dtype, {N, H});
@@ -90,23 +72,13 @@ struct TokenExperts {
     ids = HostTensor(s.index_dtype, {N, K});
     weights = HostTensor(s.score_dtype(), {N, K});
     weights.fill_uniform(rng, 1.0);
-    w1 = HostTensor(s.dtype, {E, s.hw(), H});
-    b1 = HostTensor(s.dtype, {E, s.hw()});
-    w2 = HostTensor(s.dtype, {E, H, s.inter});
-    b2 = HostTensor(s.dtype, {E, H});
-    w1.fill_uniform(rng, 2.0 / std::sqrt(double(H)));
-    b1.fill_uniform(rng, 0.5);
-    w2.fill_uniform(rng, 2.0 / std::sqrt(double(s.inter)));
-    b2.fill_uniform(rng, 0.5);
+    s.draw_weights(E, rng, w1, b1, w2, b2);
     out = HostTensor(s.dtype, {N, H});
     dout = HostTensor(s.dtype, {N, H});
     dout.fill_uniform(rng, 1.0);
     dx = HostTensor(s.dtype, {N, H});
     dweights = HostTensor(s.score_dtype(), {N, K});
-    dw1 = HostTensor(wg, {E, s.hw(), H});
-    db1 = HostTensor(wg, {E, s.hw()});
-    dw2 = HostTensor(wg, {E, H, s.inter});
-    db2 = HostTensor(wg, {E, H});
+    s.expert_tensors(wg, E, dw1, db1, dw2, db2);
   }
 
   void set_ids(const std::vector<int64_t>& values) {
@@ -139,11 +111,7 @@ struct TokenExperts {
     return moekit_token_experts_forward(plan.plan, &a, saved.data(), saved.size(), nullptr, 0, nullptr);
   }
 
-  struct Request {
-    bool input = true, weight = true;
-    double beta = 0;  // the same beta for every gradient
-  };
-  moekit_status_t backward(const Request& r, void* saved_data, size_t saved_bytes) {
+  moekit_status_t backward(const GradientRequest& r, void* saved_data, size_t saved_bytes) {
     moekit_token_experts_bwd_args_t a;
     moekit_token_experts_bwd_args_init(&a);
     bind_inputs(a);
@@ -156,12 +124,10 @@ struct TokenExperts {
     a.dtopk_weights = dweights.view();
     a.dw1 = dw1.view();
     a.dw2 = dw2.view();
-    a.compute_input_grad = r.input;
-    a.compute_weight_grad = r.weight;
-    a.beta_dx = a.beta_dw1 = a.beta_db1 = a.beta_dw2 = a.beta_db2 = r.beta;
+    r.set(a);
     return moekit_token_experts_backward(plan.plan, &a, saved_data, saved_bytes, nullptr, 0, nullptr);
   }
-  moekit_status_t backward(const Request& r) { return backward(r, saved.data(), saved.size()); }
+  moekit_status_t backward(const GradientRequest& r) { return backward(r, saved.data(), saved.size()); }
 
   std::vector<HostTensor*> gradients() {
     std::vector<HostTensor*> all{&dx, &dweights, &dw1, &dw2};
@@ -194,9 +160,7 @@ struct MoeLayer {
     d.expert_begin = begin;
     d.router = router;
     MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle, &d, &plan.plan));
-    size_t bytes = 0;
-    MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan.plan, &bytes));
-    saved = AlignedBuffer(bytes);
+    saved = moekit_test::saved_buffer(plan.plan);
     const int64_t N = s.tokens, H = s.hidden, E = s.experts;
     const moekit_dtype_t wg = s.grad_dtype();
     w_router = HostTensor(s.dtype, {router_experts, H});
@@ -206,10 +170,7 @@ struct MoeLayer {
     indices = HostTensor(s.index_dtype, {N, s.top_k});
     dx = HostTensor(s.dtype, {N, H});
     dw_router = HostTensor(wg, {router_experts, H});
-    dw1 = HostTensor(wg, {E, s.hw(), H});
-    db1 = HostTensor(wg, {E, s.hw()});
-    dw2 = HostTensor(wg, {E, H, s.inter});
-    db2 = HostTensor(wg, {E, H});
+    s.expert_tensors(wg, E, dw1, db1, dw2, db2);
   }
 
   void forward(TokenExperts& te, double beta_out) {
