@@ -77,6 +77,38 @@ moekit_moe_desc_t layer_desc(const Problem& p, int64_t max_tokens, int64_t exper
   return d;
 }
 
+// dx [T, H], dw_router [RE, H] and the weight gradients of `experts` experts, into `grads` (Global or RankRun).
+template <class Grads>
+void make_gradients(Grads& grads, const Problem& p, int64_t T, int64_t experts) {
+  int64_t H = p.hidden, W = p.width(), I = p.inter;
+  grads.dx = HostTensor(p.dtype, {T, H});
+  grads.dwr = HostTensor(p.dtype, {p.all_experts(), H});
+  grads.dw1 = HostTensor(p.dtype, {experts, W, H});
+  grads.db1 = HostTensor(p.dtype, {experts, W});
+  grads.dw2 = HostTensor(p.dtype, {experts, H, I});
+  grads.db2 = HostTensor(p.dtype, {experts, H});
+}
+
+// The backward's arguments, named alike in moekit_moe_bwd_args_t and moekit_ep_bwd_args_t: the forward's inputs
+// from its arguments `f`, then dout and the gradients of `grads`.
+template <class Bwd, class Fwd, class Grads>
+void bind_backward(Bwd& b, const Fwd& f, HostTensor& dout, Grads& grads, bool biases) {
+  b.x = f.x;
+  b.dout = dout.view();
+  b.w_router = f.w_router;
+  b.w1 = f.w1;
+  b.w2 = f.w2;
+  b.b2 = f.b2;
+  b.dx = grads.dx.view();
+  b.dw_router = grads.dwr.view();
+  b.dw1 = grads.dw1.view();
+  b.dw2 = grads.dw2.view();
+  if (biases) {
+    b.db1 = grads.db1.view();
+    b.db2 = grads.db2.view();
+  }
+}
+
 Global make_global(const Problem& p, std::mt19937_64& rng) {
   int64_t T = p.global_tokens(), RE = p.all_experts(), H = p.hidden, W = p.width(), I = p.inter, K = p.top_k;
   Global g;
@@ -105,10 +137,7 @@ Global make_global(const Problem& p, std::mt19937_64& rng) {
   moekit_moe_desc_t d = layer_desc(p, std::max<int64_t>(T, 1), RE);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle.handle, &d, &plan));
-  size_t ws_bytes = 0, saved_bytes = 0;
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &ws_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  AlignedBuffer ws(ws_bytes), saved(saved_bytes);
+  AlignedBuffer ws = moekit_test::workspace_buffer(plan), saved = moekit_test::saved_buffer(plan);
   g.out = HostTensor(p.dtype, {T, H});
   g.scores = HostTensor(p.score_dtype(), {T, K});
   g.indices = HostTensor(MOEKIT_DTYPE_INT32, {T, K});
@@ -127,28 +156,10 @@ Global make_global(const Problem& p, std::mt19937_64& rng) {
   f.scores = g.scores.view();
   f.indices = g.indices.view();
   MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved.data(), saved.size(), ws.data(), ws.size(), nullptr));
-  g.dx = HostTensor(p.dtype, {T, H});
-  g.dwr = HostTensor(p.dtype, {RE, H});
-  g.dw1 = HostTensor(p.dtype, {RE, W, H});
-  g.db1 = HostTensor(p.dtype, {RE, W});
-  g.dw2 = HostTensor(p.dtype, {RE, H, I});
-  g.db2 = HostTensor(p.dtype, {RE, H});
+  make_gradients(g, p, T, RE);
   moekit_moe_bwd_args_t b;
   moekit_moe_bwd_args_init(&b);
-  b.x = f.x;
-  b.dout = g.dout.view();
-  b.w_router = f.w_router;
-  b.w1 = f.w1;
-  b.w2 = f.w2;
-  b.b2 = f.b2;
-  b.dx = g.dx.view();
-  b.dw_router = g.dwr.view();
-  b.dw1 = g.dw1.view();
-  b.dw2 = g.dw2.view();
-  if (p.biases) {
-    b.db1 = g.db1.view();
-    b.db2 = g.db2.view();
-  }
+  bind_backward(b, f, g.dout, g, p.biases);
   MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved.data(), saved.size(), ws.data(), ws.size(), nullptr));
   moekit_plan_destroy(plan);
   return g;
@@ -234,30 +245,11 @@ void run_rank(const Problem& p, const Global& g, moekit_ep_local_group_t group, 
   if (moekit_ep_forward(plan, &f, saved.data(), saved.size(), ws.data(), ws.size(), nullptr) != MOEKIT_SUCCESS) {
     fail("forward");
   } else {
-    int64_t W = p.width(), I = p.inter, RE = p.all_experts();
-    r.dx = HostTensor(p.dtype, {T, H});
-    r.dwr = HostTensor(p.dtype, {RE, H});
-    r.dw1 = HostTensor(p.dtype, {E, W, H});
-    r.db1 = HostTensor(p.dtype, {E, W});
-    r.dw2 = HostTensor(p.dtype, {E, H, I});
-    r.db2 = HostTensor(p.dtype, {E, H});
+    make_gradients(r, p, T, E);
     for (HostTensor* t : {&r.dx, &r.dwr, &r.dw1, &r.db1, &r.dw2, &r.db2}) t->poison();
     moekit_ep_bwd_args_t b;
     moekit_ep_bwd_args_init(&b);
-    b.x = f.x;
-    b.dout = dout.view();
-    b.w_router = f.w_router;
-    b.w1 = f.w1;
-    b.w2 = f.w2;
-    b.b2 = f.b2;
-    b.dx = r.dx.view();
-    b.dw_router = r.dwr.view();
-    b.dw1 = r.dw1.view();
-    b.dw2 = r.dw2.view();
-    if (p.biases) {
-      b.db1 = r.db1.view();
-      b.db2 = r.db2.view();
-    }
+    bind_backward(b, f, dout, r, p.biases);
     if (moekit_ep_backward(plan, &b, saved.data(), saved.size(), ws.data(), ws.size(), nullptr) != MOEKIT_SUCCESS)
       fail("backward");
   }
@@ -440,10 +432,7 @@ void check_capacity(const Problem& p, uint64_t seed) {
   moekit_moe_desc_t d = layer_desc(p, T, RE);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(handle.handle, &d, &plan));
-  size_t ws_bytes = 0, saved_bytes = 0;
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &ws_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  AlignedBuffer ws(ws_bytes), saved(saved_bytes);
+  AlignedBuffer ws = moekit_test::workspace_buffer(plan), saved = moekit_test::saved_buffer(plan);
   HostTensor topk(MOEKIT_DTYPE_INT32, {T, K});
   for (int64_t i = 0; i < T * K; ++i) topk.set(i, kept[size_t(i)] ? double(idx[size_t(i)]) : -1.0);
   HostTensor out(p.dtype, {T, H});
