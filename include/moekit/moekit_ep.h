@@ -88,7 +88,9 @@ MOEKIT_API moekit_status_t moekit_ep_desc_init(moekit_ep_desc_t* desc);
 typedef struct moekit_ep_plan* moekit_ep_plan_t;
 
 /* A plan for this rank. The handle (reference backend with a local communicator, CUDA with an NCCL one) and the
- * communicator are borrowed and must outlive the plan. The memory a plan asks for, with R ranks, P = max_tokens *
+ * communicator are borrowed and must outlive the plan. The layer runs as moekit's grouped GEMMs, the router linear
+ * among them, so on the CUDA backend router_experts, hidden and intermediate must be multiples of 8 (the grouped
+ * GEMM's rule); otherwise MOEKIT_STATUS_NOT_SUPPORTED, its message naming the field. The memory a plan asks for, with R ranks, P = max_tokens *
  * top_k and M the rows a rank may receive (EXACT: R * max_tokens * min(top_k, E); CAPACITY: R * capacity), is about
  *   workspace: (P + S + 3M) rows of H (S = P exact, R * capacity capacity), M rows of 2I + I, plus the inner
  *              operations' workspaces;
