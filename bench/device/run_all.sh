@@ -55,7 +55,10 @@ sonicmoe_path=$sonicmoe_site:$sonicmoe_site/nvidia_cutlass_dsl/python_packages
 # back in the output folder as sonicmoe-autotune.tgz, and its compiled kernels, whose cache keys hold no shapes
 # (dtypes, tile, cluster, schedule, layouts), as sonicmoe-cache.tgz; a later run takes either from DEST, so a
 # shape's tuning is paid once and the compiles once for all shapes.
+# The repository keeps the H200 tuning results of the shapes tuned so far (bench/compare/sonicmoe-autotune/, the
+# versions of stage_sonicmoe.sh); DEST's archives, unpacked after them, take precedence.
 sonicmoe_cache=$(mktemp -d)
+cp -r bench/compare/sonicmoe-autotune/. "$sonicmoe_cache"/
 for archive in sonicmoe-cache.tgz sonicmoe-autotune.tgz; do
   [[ -f $dest/$archive ]] && tar -xzf "$dest/$archive" -C "$sonicmoe_cache"
 done
