@@ -102,10 +102,12 @@ PYTORCH_MODELS_NOTE = (
 MEMORY_NOTE = (
     "step GiB: the device memory a forward + backward of the shape needs beyond its inputs, weights and dout (the "
     "same for the fwd and bwd rows; GiB = 2^30 bytes). moekit: the plan's workspace + saved buffer "
-    "(workspace_bytes + saved_bytes of moekit-bench's record); the caller's gradient outputs (dx, dW) come on top. "
+    "(workspace_bytes + saved_bytes of moekit-bench's record); the caller's gradient outputs (dx, dW) come on top: "
+    "'step + gradients' adds them (grad_bytes of a PyTorch-side record of the case), the figure to compare with "
+    "the others'. "
     "{others}: the peak of torch.cuda.max_memory_allocated() during one untimed forward + backward after the "
     "warm-up, over torch.cuda.memory_allocated() before it (peak_extra_bytes): saved activations, temporaries and "
-    "the gradients the backward allocates (grad_bytes of the record), so compare it with moekit's figure plus those. "
+    "the gradients the backward allocates (grad_bytes of the record). "
     "'-': not in the result file (older tools, or a case that did not run).")
 GPU_TIME_NOTE = (
     "Every ratio is SonicMoE's time / moekit's (above 1: moekit is faster). Events: CUDA events per call, what a "
@@ -214,6 +216,18 @@ def moekit_step_bytes(record):
     """The plan's workspace + saved buffer of a moekit-bench layer record, or None."""
     sizes = [(record or {}).get(key) for key in ("workspace_bytes", "saved_bytes")]
     return None if None in sizes else sum(sizes)
+
+
+def grad_bytes(records):
+    """The gradients' bytes (dx, dW) of a layer case, from the first PyTorch-side record that gives them: the same
+    for every tool of one case."""
+    return next((r["grad_bytes"] for r in records if r and r.get("grad_bytes") is not None), None)
+
+
+def moekit_step_with_grads(record, others):
+    """moekit's workspace + saved buffer + the gradients the caller allocates: what the PyTorch-side peaks hold."""
+    step, grads = moekit_step_bytes(record), grad_bytes(others)
+    return None if step is None or grads is None else step + grads
 
 
 def peak_extra_bytes(record):
@@ -381,7 +395,7 @@ def table(config, runs, kind):
     if kind == "models":
         header.insert(1, "model")
     if layer:
-        header += ([f"{mine_label} step GiB"] if mine_tool else []) + [
+        header += ([f"{mine_label} step GiB", f"{mine_label} step + gradients GiB"] if mine_tool else []) + [
             f"{labels[tool]} step GiB" for tool in OTHERS if tool in record]
     h100 = kind == "layer"
     if h100:
@@ -425,8 +439,9 @@ def table(config, runs, kind):
                 if mine_tool:
                     row.append(ratio(median_us(mine), b))
         if layer:
-            row += ([gib(moekit_step_bytes(mine))] if mine_tool else []) + [
-                gib(peak_extra_bytes(record[tool].get(name))) for tool in OTHERS if tool in record]
+            others = [record[tool].get(name) for tool in OTHERS if tool in record]
+            row += ([gib(moekit_step_bytes(mine)), gib(moekit_step_with_grads(mine, others))] if mine_tool else []) + [
+                gib(peak_extra_bytes(other)) for other in others]
         if h100:
             figure = sonicmoe_h100(mine or next((record[t].get(name) for t in record if record[t].get(name)), None))
             row.append("-" if figure is None else ("" if figure[1] == QUOTED else "~") + str(figure[0]))

@@ -133,6 +133,7 @@ class LayerTable(unittest.TestCase):
         self.assertEqual(self.columns, ["case", "moekit ms", "moekit TFLOP/s", "spread %", "cuBLAS ms",
                                         "moekit vs cuBLAS", "eager ms", "eager TFLOP/s", "moekit vs eager",
                                         "compile ms", "compile TFLOP/s", "moekit vs compile", "moekit step GiB",
+                                        "moekit step + gradients GiB",
                                         "eager step GiB", "compile step GiB", "SonicMoE paper H100 TFLOP/s",
                                         "moekit / paper H100"])
         self.assertEqual(list(self.rows), ["moe_fwd_T32768_H4096_I1024_E128_K8", "moe_bwd_T32768_H4096_I1024_E128_K8",
@@ -164,12 +165,16 @@ class LayerTable(unittest.TestCase):
         self.assertEqual(self.cell(failed, "moekit vs cuBLAS"), "-")
         self.assertEqual(self.cell(failed, "eager ms"), "not run")
         self.assertEqual(self.cell(failed, "moekit step GiB"), "-")  # its record has no plan sizes
+        self.assertEqual(self.cell(failed, "moekit step + gradients GiB"), "-")
 
     def test_step_memory(self):
         fwd, bwd = "moe_fwd_T32768_H4096_I1024_E128_K8", "moe_bwd_T32768_H4096_I1024_E128_K8"
         # workspace 1 MiB + saved 2 GiB, the same plan for both directions.
         self.assertEqual(self.cell(fwd, "moekit step GiB"), "2.00")
         self.assertEqual(self.cell(bwd, "moekit step GiB"), "2.00")
+        # + grad_bytes 3288334336 (3.0625 GiB) of the eager record; the re-run's bwd record has none.
+        self.assertEqual(self.cell(fwd, "moekit step + gradients GiB"), "5.06")
+        self.assertEqual(self.cell(bwd, "moekit step + gradients GiB"), "-")
         self.assertEqual(self.cell(fwd, "eager step GiB"), "10.00")  # peak_extra_bytes 10 GiB
         self.assertEqual(self.cell(bwd, "eager step GiB"), "-")  # the re-run's record has no peak_extra_bytes
         self.assertEqual(self.cell(fwd, "compile step GiB"), "-")  # not supported there
@@ -197,7 +202,8 @@ class SonicMoE(unittest.TestCase):
     def test_layer_columns_and_cells(self):
         columns, rows = parse_table(section(self.text, "MoE layer: the 12 SonicMoE shapes"))
         self.assertEqual(columns[6:], ["SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE", "eager ms",
-                                       "eager TFLOP/s", "moekit vs eager", "moekit step GiB", "SonicMoE step GiB",
+                                       "eager TFLOP/s", "moekit vs eager", "moekit step GiB",
+                                       "moekit step + gradients GiB", "SonicMoE step GiB",
                                        "eager step GiB", "SonicMoE paper H100 TFLOP/s", "moekit / paper H100"])
         self.assertEqual(rows["moe_fwd_T32768_H4096_I1024_E128_K8"][6:9], ["11.98", "551", "0.60"])  # 11.976 / 19.96
         self.assertIn("- Device: NVIDIA H200 (132 SMs, 1980 / 3201 MHz SM / memory clocks), driver 580.159.04 (CUDA "
@@ -235,7 +241,7 @@ class ModelsTable(unittest.TestCase):
                                         "Python / C", "SonicMoE ms", "SonicMoE TFLOP/s", "moekit vs SonicMoE",
                                         "eager ms", "eager TFLOP/s", "moekit vs eager", "compile ms",
                                         "compile TFLOP/s", "moekit vs compile", "moekit step GiB",
-                                        "moekit from Python step GiB", "SonicMoE step GiB", "eager step GiB",
+                                        "moekit step + gradients GiB", "moekit from Python step GiB", "SonicMoE step GiB", "eager step GiB",
                                         "compile step GiB"])
         self.assertEqual(list(self.rows), ["moe_fwd_T32768_H2048_I768_E128_K8", "moe_bwd_T32768_H2048_I768_E128_K8",
                                            "moe_fwd_T16384_H2880_I2880_E32_K4"])
@@ -287,6 +293,9 @@ class ModelsTable(unittest.TestCase):
         self.assertEqual(self.cell(qwen, "moekit step GiB"), "2.91")
         self.assertEqual(self.cell(qwen_bwd, "moekit step GiB"), "2.91")
         self.assertEqual(self.cell(oss, "moekit step GiB"), "2.13")
+        # + grad_bytes 1342701568 and 1687633920 of the PyTorch-side records: 4.164, 3.698.
+        self.assertEqual(self.cell(qwen, "moekit step + gradients GiB"), "4.16")
+        self.assertEqual(self.cell(oss, "moekit step + gradients GiB"), "3.70")
         self.assertEqual(self.cell(qwen, "SonicMoE step GiB"), "4.00")
         self.assertEqual(self.cell(oss, "SonicMoE step GiB"), "-")  # not supported
         self.assertEqual(self.cell(qwen, "eager step GiB"), "6.63")  # 7121928704 / 2^30
