@@ -33,8 +33,8 @@ export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 command_line="bash bench/device/run_all.sh $dest${*:+ $*}"
 [[ -n ${MOEKIT_BENCH_BUDGET_S:-} ]] && command_line="MOEKIT_BENCH_BUDGET_S=$MOEKIT_BENCH_BUDGET_S $command_line"
 
-if [[ -f $dest/bench.tgz ]]; then
-  tar -xzf "$dest/bench.tgz" -C "$dest" && rm "$dest/bench.tgz"
+if [[ -f $dest/bench.txz ]]; then
+  tar -xJf "$dest/bench.txz" -C "$dest" && rm "$dest/bench.txz"
 fi
 bench=$(realpath "$dest/moekit-bench")
 # The library moekit-bench was built with, for moekit's Python package (torch_bench.py --mode moekit).

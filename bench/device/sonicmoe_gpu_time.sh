@@ -3,7 +3,7 @@
 # bench/configs/sonicmoe_fig14.json, each timed two ways: CUDA events per call (what a caller waits for) and GPU
 # time per call (the kernels' CUPTI durations summed: moekit-bench --breakdown, sonicmoe_bench.py --kernel-time).
 #   bench/device/sonicmoe_gpu_time.sh DEST [FILTER]
-# DEST: the folder bench/device/stage.sh and stage_sonicmoe.sh filled (bench.tgz, sonicmoe-site.tar.xz; optional
+# DEST: the folder bench/device/stage.sh and stage_sonicmoe.sh filled (bench.txz, sonicmoe-site.tar.xz; optional
 # sonicmoe-autotune.tgz, SonicMoE's tuning from an earlier run). FILTER: a regex of case names (default: every case).
 # SonicMoE tunes each GEMM per shape on its first call; QuACK's compiled kernels (cache keys without shapes) and
 # tunings stay in SONICMOE_CACHE (default DEST/quack-cache), so a second run on the same machine, with DEST left in
@@ -22,8 +22,8 @@ start=$SECONDS
 mkdir -p "$out" "$cache"
 export LD_LIBRARY_PATH=/usr/local/cuda-13.0/targets/x86_64-linux/lib:${LD_LIBRARY_PATH:-}
 export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
-if [[ -f $dest/bench.tgz ]]; then
-  tar -xzf "$dest/bench.tgz" -C "$dest" && rm "$dest/bench.tgz"
+if [[ -f $dest/bench.txz ]]; then
+  tar -xJf "$dest/bench.txz" -C "$dest" && rm "$dest/bench.txz"
 fi
 export MOEKIT_GIT_SHA=$(cat "$dest/git_sha" 2>/dev/null)
 site=$dest/sonicmoe-site

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on the build machine (no GPU needed): packs what bench/device/run_all.sh needs on the GPU machine into DEST,
-# a folder inside the repository that git ignores (build*/), small enough (~6 MB) to copy to the GPU machine with
-# the repository: moekit-bench and libmoekit.so.0.2 of a CUDA build, stripped, in one gzip archive, and the commit
-# they were built from.
+# a folder inside the repository that git ignores (build*/), small enough (~4 MB) to copy to the GPU machine with
+# the repository: moekit-bench and libmoekit.so.0.2 of a CUDA build, stripped, in one xz archive (gzip's is twice the
+# size, too large beside SonicMoE's archive for a 64 MiB copy), and the commit they were built from.
 #   bench/device/stage.sh BUILD_DIR DEST
 # BUILD_DIR: a CUDA build of this checkout with the targets moekit-bench and moekit built, e.g.
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release && cmake --build build-cuda -j2 --target moekit-bench moekit
@@ -41,5 +41,5 @@ echo "$head" >"$staging/git_sha"
 
 rm -rf "$dest"
 mkdir -p "$dest"
-tar -czf "$dest/bench.tgz" -C "$staging" .
+tar -cf - -C "$staging" . | xz -T2 -9 >"$dest/bench.txz"
 du -sh "$dest"

@@ -6,7 +6,7 @@
 # DEST: a folder inside the repository that git ignores (build*/), e.g. the one bench/device/stage.sh fills, copied
 # to the GPU machine with the repository. The versions are pinned to the SonicMoE release the driver was written
 # against (its own pins: nvidia-cutlass-dsl 4.4.2; quack-kernels of the same day). The archive is ~55 MB; with
-# stage.sh's ~6 MB the folder stays under 64 MB.
+# stage.sh's ~4 MB the folder stays under 64 MB.
 set -euo pipefail
 dest=${1:?usage: stage_sonicmoe.sh DEST}
 wheels=(sonic-moe==0.1.2.post1 quack-kernels==0.3.11 nvidia-cutlass-dsl==4.4.2 nvidia-cutlass-dsl-libs-base==4.4.2
