@@ -60,7 +60,8 @@ void build_inner_plans(moekit_ep_plan& p) {
   Plans& q = p.plans;
   int64_t E = p.experts, M = p.max_recv, T = p.tokens, H = p.hidden, W = p.width, RE = p.router_experts;
   q.router_gemm = make_gemm(p, gemm_desc(p, MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_B_NK, MOEKIT_EPILOGUE_STORE, 1, T, RE,
-                                         H, p.dtype), "router logits, n = desc.layer.router_experts (moekit_gemm_plan_create)");
+                                         H, p.dtype),
+                            "router logits, n = desc.layer.router_experts (moekit_gemm_plan_create)");
   moekit_router_desc_t rd;
   moekit_router_desc_init(&rd);
   rd.max_tokens = T;
@@ -109,9 +110,11 @@ void build_inner_plans(moekit_ep_plan& p) {
   q.dxe = make_gemm(p, gemm_desc(p, MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_B_KN, MOEKIT_EPILOGUE_STORE, E, M, H, W,
                                  p.dtype), "expert input gradient (moekit_gemm_plan_create)");
   q.dx_router = make_gemm(p, gemm_desc(p, MOEKIT_GEMM_VARLEN_M, MOEKIT_GEMM_B_KN, MOEKIT_EPILOGUE_STORE, 1, T, H, RE,
-                                       p.dtype), "router input gradient, k = desc.layer.router_experts (moekit_gemm_plan_create)");
+                                       p.dtype),
+                          "router input gradient, k = desc.layer.router_experts (moekit_gemm_plan_create)");
   q.dw_router = make_gemm(p, gemm_desc(p, MOEKIT_GEMM_VARLEN_K, MOEKIT_GEMM_B_NK, MOEKIT_EPILOGUE_STORE, 1, T, H, RE,
-                                       p.grad_dtype), "dw_router, n = desc.layer.router_experts (moekit_gemm_plan_create)");
+                                       p.grad_dtype),
+                          "dw_router, n = desc.layer.router_experts (moekit_gemm_plan_create)");
 }
 
 size_t inner_workspace(const Plans& q) {

@@ -188,14 +188,19 @@ int main(int argc, char** argv) {
   Tensor lx({T, H}, dev), lw1({E, W, H}, dev), lw2({E, H, I}, dev), ldout({T, H}, dev);
   lx.upload(x, rank * T * H), lw1.upload(w1, rank * E * W * H), lw2.upload(w2, rank * E * H * I);
   ldout.upload(dout, rank * T * H);
+  // This rank's layer: `experts` of the R * experts, top_k pairs per token.
+  auto layer_desc = [&](int64_t experts, int64_t top_k) {
+    moekit_ep_desc_t d;
+    moekit_ep_desc_init(&d);
+    d.layer.max_tokens = T, d.layer.hidden = H, d.layer.intermediate = I, d.layer.router_experts = R * experts;
+    d.layer.experts = experts, d.layer.top_k = top_k;
+    return d;
+  };
   bool ok = true;
   // Router experts that are not a multiple of 8: the CUDA grouped GEMM of the router linear cannot take them, and
   // the plan says so, naming the field.
   if ((3 * R) % 8 != 0) {
-    moekit_ep_desc_t d;
-    moekit_ep_desc_init(&d);
-    d.layer.max_tokens = T, d.layer.hidden = H, d.layer.intermediate = I, d.layer.router_experts = 3 * R;
-    d.layer.experts = 3, d.layer.top_k = 2;
+    const moekit_ep_desc_t d = layer_desc(3, 2);
     moekit_ep_plan_t plan = nullptr;
     const moekit_status_t s = moekit_ep_plan_create(handle, comm, &d, &plan);
     char message[512] = {};
@@ -208,10 +213,7 @@ int main(int argc, char** argv) {
   std::vector<double> exact_out;
   for (Case c : {Case{"exact", MOEKIT_EP_EXACT, 0}, Case{"capacity ample", MOEKIT_EP_CAPACITY, 100 * R},
                  Case{"capacity tight", MOEKIT_EP_CAPACITY, 50}}) {
-    moekit_ep_desc_t d;
-    moekit_ep_desc_init(&d);
-    d.layer.max_tokens = T, d.layer.hidden = H, d.layer.intermediate = I, d.layer.router_experts = RE;
-    d.layer.experts = E, d.layer.top_k = K;
+    moekit_ep_desc_t d = layer_desc(E, K);
     d.mode = c.mode;
     d.capacity = c.mode == MOEKIT_EP_CAPACITY ? T * K * c.capacity_factor_percent / 100 / R : 0;
     moekit_ep_plan_t plan;
