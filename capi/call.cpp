@@ -51,14 +51,18 @@ TensorRules tensor_rules(const moekit_handle& handle) { return TensorRules{handl
 
 TensorRules tensor_rules(const moekit_plan& plan) { return tensor_rules(*plan.handle); }
 
-Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t workspace_bytes) {
-  check_size("workspace_bytes", workspace_bytes, plan.workspace_bytes, "moekit_plan_workspace_size");
-  if (plan.workspace_bytes > 0) {
-    if (workspace == nullptr)
-      throw_invalid("workspace: is NULL, the plan needs " + std::to_string(plan.workspace_bytes) + " bytes");
+Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t workspace_bytes, size_t needed) {
+  check_size("workspace_bytes", workspace_bytes, needed,
+             is_layer(plan.kind) ? "moekit_plan_layer_workspace_sizes" : "moekit_plan_workspace_size");
+  if (needed > 0) {
+    if (workspace == nullptr) throw_invalid("workspace: is NULL, the plan needs " + std::to_string(needed) + " bytes");
     check_buffer_alignment("workspace", workspace, buffer_alignment(plan));
   }
   return Workspace{workspace, workspace_bytes};
+}
+
+size_t layer_workspace_bytes(const moekit_plan& plan, SavedUse use) {
+  return use == SavedUse::forward ? plan.forward_workspace_bytes : plan.backward_workspace_bytes;
 }
 
 void check_saved(const moekit_plan& plan, SavedUse use, const void* saved, size_t saved_bytes) {

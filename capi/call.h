@@ -36,15 +36,18 @@ Backend& backend_of(const moekit_plan& plan);
 TensorRules tensor_rules(const moekit_plan& plan);
 TensorRules tensor_rules(const moekit_handle& handle);
 
-// Workspace of a run call: at least the plan's workspace_bytes (else INSUFFICIENT_WORKSPACE), non-NULL when
-// that is > 0, aligned to 256 bytes on a CUDA handle and 16 on the reference one.
-Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t workspace_bytes);
+// Workspace of a run call that needs `needed` bytes: at least that many (else INSUFFICIENT_WORKSPACE), non-NULL
+// when that is > 0, aligned to 256 bytes on a CUDA handle and 16 on the reference one.
+Workspace checked_workspace(const moekit_plan& plan, void* workspace, size_t workspace_bytes, size_t needed);
 
 // The saved buffer of a layer forward (writes it) or backward (reads it). A training plan needs a non-NULL buffer
 // of at least plan.saved_bytes (else INSUFFICIENT_WORKSPACE), aligned to 256 bytes on a CUDA handle and 16 on
 // the reference one; an inference plan needs none for its forward and has no backward (INVALID_VALUE).
 enum class SavedUse { forward, backward };
 void check_saved(const moekit_plan& plan, SavedUse use, const void* saved, size_t saved_bytes);
+
+// The workspace one direction of a layer needs.
+size_t layer_workspace_bytes(const moekit_plan& plan, SavedUse use);
 
 // The body of every *_desc_init / *_args_init: zero the struct (absent tensors, 0 flags) and set struct_size; the
 // caller then sets the non-zero defaults.
@@ -65,17 +68,18 @@ void init_backward_args(BwdArgs* args) {
 }
 
 // The body of every run function: plan, argument struct, the operation's tensor checks (`check(plan, args)`),
-// workspace, `saved_check(plan)` (a layer's saved buffer); then `call(plan, args, workspace)`, which calls the
-// backend. On a handle made with MOEKIT_HANDLE_VALIDATE, `values(plan, args)` lists the value checks run around it.
-template <class Args, class Check, class SavedCheck, class Values, class Call>
+// workspace (`workspace_need(plan)` bytes), `saved_check(plan)` (a layer's saved buffer); then
+// `call(plan, args, workspace)`, which calls the backend. On a handle made with MOEKIT_HANDLE_VALIDATE,
+// `values(plan, args)` lists the value checks run around it.
+template <class Args, class Check, class Need, class SavedCheck, class Values, class Call>
 moekit_status_t run_call(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function, void* workspace,
-                         size_t workspace_bytes, void* stream, Check&& check, SavedCheck&& saved_check,
-                         Values&& values, Call&& call) {
+                         size_t workspace_bytes, void* stream, Check&& check, Need&& workspace_need,
+                         SavedCheck&& saved_check, Values&& values, Call&& call) {
   return translate([&] {
     const moekit_plan& p = checked_plan(plan, kind);
     const Args& a = checked_struct("args", args, init_function);
     check(p, a);
-    Workspace ws = checked_workspace(p, workspace, workspace_bytes);
+    Workspace ws = checked_workspace(p, workspace, workspace_bytes, workspace_need(p));
     saved_check(p);
     if (!validating(*p.handle)) {
       call(p, a, ws);
@@ -90,8 +94,9 @@ template <class Args, class Check, class Values, class Call>
 moekit_status_t run_checked(moekit_plan_t plan, OpKind kind, const Args* args, const char* init_function,
                             void* workspace, size_t workspace_bytes, void* stream, Check&& check, Values&& values,
                             Call&& call) {
-  return run_call(plan, kind, args, init_function, workspace, workspace_bytes, stream, check, [](const moekit_plan&) {},
-                  values, call);
+  return run_call(
+      plan, kind, args, init_function, workspace, workspace_bytes, stream, check,
+      [](const moekit_plan& p) { return p.workspace_bytes; }, [](const moekit_plan&) {}, values, call);
 }
 
 // A layer's run function: run_call with the saved buffer checked after the workspace.
@@ -101,6 +106,7 @@ moekit_status_t run_layer_checked(moekit_plan_t plan, OpKind kind, const Args* a
                                   size_t workspace_bytes, void* stream, Check&& check, Values&& values, Call&& call) {
   return run_call(
       plan, kind, args, init_function, workspace, workspace_bytes, stream, check,
+      [&](const moekit_plan& p) { return layer_workspace_bytes(p, use); },
       [&](const moekit_plan& p) { check_saved(p, use, saved, saved_bytes); }, values, call);
 }
 

@@ -111,6 +111,15 @@ MOEKIT_API moekit_status_t moekit_plan_workspace_size(moekit_plan_t plan, size_t
   });
 }
 
+MOEKIT_API moekit_status_t moekit_plan_layer_workspace_sizes(moekit_plan_t plan, size_t* forward_bytes,
+                                                             size_t* backward_bytes) {
+  return translate([&] {
+    const moekit_plan& p = moekit::capi::checked_plan_any(plan);
+    if (forward_bytes != nullptr) *forward_bytes = p.forward_workspace_bytes;
+    if (backward_bytes != nullptr) *backward_bytes = p.backward_workspace_bytes;
+  });
+}
+
 MOEKIT_API moekit_status_t moekit_plan_saved_size(moekit_plan_t plan, size_t* bytes) {
   return translate([&] {
     const moekit_plan& p = moekit::capi::checked_plan_any(plan);

@@ -22,6 +22,11 @@ const char* op_kind_name(OpKind kind) {
   return "unknown operation";
 }
 
+bool is_layer(OpKind kind) {
+  return kind == OpKind::moe_layer || kind == OpKind::experts || kind == OpKind::token_experts ||
+         kind == OpKind::sparse_ffn_layer;
+}
+
 uint64_t next_plan_id() {
   // NOTE: starts at 1, so a zeroed saved buffer never names a live plan.
   static std::atomic<uint64_t> counter{1};

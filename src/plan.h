@@ -32,6 +32,7 @@ enum class OpKind {
 };
 
 const char* op_kind_name(OpKind kind);  // "router", "grouped GEMM", ... for messages
+bool is_layer(OpKind kind);             // a forward and a backward over a saved buffer
 uint64_t next_plan_id();                // unique in the process, never 0; thread-safe
 // "MoE layer (max tokens 4096, hidden 1024, ...; workspace 123 B, saved 456 B)": the operation and its dimensions,
 // the first part of moekit_plan_describe's text.
@@ -65,7 +66,10 @@ struct moekit_plan {
   moekit_bias_grad_desc_t bias_grad;
   moekit_moe_desc_t moe;
   moekit_sparse_ffn_desc_t sparse_ffn;
-  size_t workspace_bytes;
+  size_t workspace_bytes;  // enough for every run of the plan
+  // What a layer's forward and its backward each need (workspace_bytes is the larger; 0 for the backward of an
+  // inference plan); the building blocks: workspace_bytes both.
+  size_t forward_workspace_bytes, backward_workspace_bytes;
   size_t saved_bytes;
   // CUDA grouped GEMM: every kernel choice, made by plan_sizes; a run only reads it.
   moekit::GemmConfig gemm_config;

@@ -51,8 +51,11 @@ std::string plan_summary(const moekit_plan& plan) {
                     {"top groups", plan.sparse_ffn.top_groups}});
       break;
   }
-  return text + "; workspace " + std::to_string(plan.workspace_bytes) + " B, saved " +
-         std::to_string(plan.saved_bytes) + " B)";
+  text += "; workspace " + std::to_string(plan.workspace_bytes) + " B";
+  if (is_layer(plan.kind))
+    text += " (forward " + std::to_string(plan.forward_workspace_bytes) + " B, backward " +
+            std::to_string(plan.backward_workspace_bytes) + " B)";
+  return text + ", saved " + std::to_string(plan.saved_bytes) + " B)";
 }
 
 }  // namespace v0

@@ -109,6 +109,9 @@ MEMORY_NOTE = (
     "warm-up, over torch.cuda.memory_allocated() before it (peak_extra_bytes): saved activations, temporaries and "
     "the gradients the backward allocates (grad_bytes of the record). "
     "'-': not in the result file (older tools, or a case that did not run).")
+MEMORY_PYTHON_NOTE = (
+    " moekit from Python runs the package's defaults: each direction allocates its own workspace, and the backward "
+    "writes dh over the saved h (backward_overwrites_saved).")
 GPU_TIME_NOTE = (
     "Every ratio is SonicMoE's time / moekit's (above 1: moekit is faster). Events: CUDA events per call, what a "
     "caller waits for (moekit-bench's C++ launches; SonicMoE's Python layer with its host gaps). GPU time: the "
@@ -469,7 +472,8 @@ def table(config, runs, kind):
         lines += ["", PYTORCH_LAYER_NOTE + (PYTORCH_MODELS_NOTE if kind == "models" else "")]
     if layer:
         others = [labels[tool] for tool in OTHERS if tool in record]
-        lines += ["", MEMORY_NOTE.format(others=" / ".join(others) if others else "PyTorch, SonicMoE")]
+        note = MEMORY_NOTE.format(others=" / ".join(others) if others else "PyTorch, SonicMoE")
+        lines += ["", note + (MEMORY_PYTHON_NOTE if PYTHON in record else "")]
     if h100:
         lines += ["", SONICMOE_H100_NOTE]
     if kind == "sparse":

@@ -38,14 +38,14 @@ static const char* const public_functions[] = {
     "moekit_load_balance_update",         "moekit_moe_backward",                "moekit_moe_bwd_args_init",
     "moekit_moe_desc_init",               "moekit_moe_forward",                 "moekit_moe_fwd_args_init",
     "moekit_moe_plan_create",             "moekit_plan_describe",               "moekit_plan_destroy",
-    "moekit_plan_saved_size",             "moekit_plan_workspace_size",         "moekit_router_backward",
-    "moekit_router_bwd_args_init",        "moekit_router_desc_init",            "moekit_router_forward",
-    "moekit_router_fwd_args_init",        "moekit_router_plan_create",          "moekit_sparse_ffn_backward",
-    "moekit_sparse_ffn_bwd_args_init",    "moekit_sparse_ffn_desc_init",        "moekit_sparse_ffn_forward",
-    "moekit_sparse_ffn_fwd_args_init",    "moekit_sparse_ffn_plan_create",      "moekit_status_string",
-    "moekit_subsample_rows",              "moekit_tensor_make",                 "moekit_token_experts_backward",
-    "moekit_token_experts_bwd_args_init", "moekit_token_experts_forward",       "moekit_token_experts_fwd_args_init",
-    "moekit_token_experts_plan_create",
+    "moekit_plan_layer_workspace_sizes",  "moekit_plan_saved_size",             "moekit_plan_workspace_size",
+    "moekit_router_backward",             "moekit_router_bwd_args_init",        "moekit_router_desc_init",
+    "moekit_router_forward",              "moekit_router_fwd_args_init",        "moekit_router_plan_create",
+    "moekit_sparse_ffn_backward",         "moekit_sparse_ffn_bwd_args_init",    "moekit_sparse_ffn_desc_init",
+    "moekit_sparse_ffn_forward",          "moekit_sparse_ffn_fwd_args_init",    "moekit_sparse_ffn_plan_create",
+    "moekit_status_string",               "moekit_subsample_rows",              "moekit_tensor_make",
+    "moekit_token_experts_backward",      "moekit_token_experts_bwd_args_init", "moekit_token_experts_forward",
+    "moekit_token_experts_fwd_args_init", "moekit_token_experts_plan_create",
 };
 
 /* The functions this program calls, typed as in moekit.h. */

@@ -83,6 +83,28 @@ class AuxLosses(unittest.TestCase):
             with self.subTest(router=router):
                 self._check(router, out_weight=0.0)
 
+    def test_the_losses_alone_without_the_output(self):
+        # Only the losses in the training loss: out has no gradient, which the backward takes as 0 (autograd passes
+        # None, not a materialised zero tensor), through the custom ops and the fused main_grad path alike.
+        inputs = _inputs()
+        for fused in (False, True):
+            with self.subTest(fuse_wgrad_accumulation=fused):
+                grads = []
+                for with_out in (True, False):
+                    leaves = {name: layer_checks.to_device(t.clone()).requires_grad_() for name, t in inputs.items()}
+                    for name in ("w_router", "w1", "w2") if fused else ():
+                        leaves[name].main_grad = torch.zeros_like(leaves[name], dtype=layer_checks.WIDE)
+                    out, losses = moekit.moe(*leaves.values(), K, load_balance_coeff=LB_COEFF, z_loss_coeff=Z_COEFF,
+                                             return_aux_losses=True, fuse_wgrad_accumulation=fused)
+                    loss = LB_WEIGHT * losses.load_balance + Z_WEIGHT * losses.z
+                    (loss + (out * 0).sum() if with_out else loss).backward()
+                    grads.append({name: t.main_grad if fused and name != "x" else t.grad
+                                  for name, t in leaves.items()})
+                for name in inputs:
+                    self.assertIsNotNone(grads[1][name], name)
+                    assert_close(grads[1][name].cpu(), grads[0][name].cpu(), rtol=0, atol=0, msg=name)
+                self.assertGreater(grads[1]["w_router"].abs().sum().item(), 0.0)
+
     def test_unused_losses_pass_no_gradient(self):
         # A loss left out of the training loss has an upstream gradient of 0: the gradients equal those without it.
         inputs = _inputs()

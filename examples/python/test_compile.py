@@ -37,8 +37,10 @@ def _uniform(generator, dtype, scale, *shape):
     return values.to(layer_checks.DEVICE, dtype)
 
 
-def _layers(dtype, seed=0):
-    """{name: (function of the differentiable inputs, the inputs)}: each layer with every input it takes."""
+def _layers(dtype, seed=0, overwrites=True):
+    """{name: (function of the differentiable inputs, the inputs)}: each layer with every input it takes.
+    overwrites: backward_overwrites_saved of the MoE layer and the experts (on by default, one backward per forward;
+    off for the checks that run one forward's backward several times, opcheck and gradcheck)."""
     g = torch.Generator().manual_seed(seed)
     x = _uniform(g, dtype, 1.0, T, H)
     # Logits spread over a few units: a gradcheck step never changes the selection.
@@ -56,9 +58,13 @@ def _layers(dtype, seed=0):
     return {
         "moe": (lambda x, w_router, w1, b1, w2, b2: moekit.moe(
             x, w_router, w1, w2, K, b1=b1, b2=b2, router="sigmoid", router_bias=router_bias, renormalize=True,
-            router_scale=1.5, activation="geglu", glu_layout="interleaved"), (x, w_router, w1, b1, w2, b2)),
-        "moe_plain": (lambda x, w_router, w1, w2: moekit.moe(x, w_router, w1, w2, K), (x, w_router, w1, w2)),
-        "experts": (lambda x, w1, b1, w2, b2: moekit.experts(x, offsets, w1, w2, b1=b1, b2=b2),
+            router_scale=1.5, activation="geglu", glu_layout="interleaved", backward_overwrites_saved=overwrites),
+            (x, w_router, w1, b1, w2, b2)),
+        "moe_plain": (lambda x, w_router, w1, w2: moekit.moe(x, w_router, w1, w2, K,
+                                                             backward_overwrites_saved=overwrites),
+                      (x, w_router, w1, w2)),
+        "experts": (lambda x, w1, b1, w2, b2: moekit.experts(x, offsets, w1, w2, b1=b1, b2=b2,
+                                                             backward_overwrites_saved=overwrites),
                     (grouped, w1, b1, w2, b2)),
         "sparse_swiglu": (lambda x, w_gate, w_up, w_down: moekit.sparse_swiglu(
             x, w_gate, w_up, w_down, 16, 2, subsample_rows=rows, lb_bias=lb_bias), (x, w_gate, w_up, w_down)),
@@ -92,8 +98,9 @@ class CustomOps(unittest.TestCase):
     def test_opcheck_every_forward_and_backward_op(self):
         # A training forward fills the saved-activation buffer, of which the library writes only what its backward
         # reads: the check that compares every output of two runs is made on the inference plan and the backward.
+        # opcheck runs a backward op several times on one saved buffer: backward_overwrites_saved off.
         partial = ("test_schema", "test_autograd_registration", "test_faketensor")
-        for name, (fn, inputs) in _layers(layer_checks.DTYPE).items():
+        for name, (fn, inputs) in _layers(layer_checks.DTYPE, overwrites=False).items():
             with self.subTest(layer=name):
                 calls = _forward_calls(fn, _leaves(inputs))
                 self.assertEqual(len(calls), 1)
@@ -126,10 +133,28 @@ class CustomOps(unittest.TestCase):
                 for got, want in zip(*results):
                     self.assertTrue(torch.equal(got, want), name)
 
+    def test_compiled_second_backward_over_a_spent_saved_buffer_is_refused(self):
+        # The custom ops' implementations run at runtime under torch.compile: the record of spent saved buffers
+        # (moekit._runtime) holds there too, on every device. aot_eager: Inductor's backward (donated buffers)
+        # refuses retain_graph=True itself.
+        torch._dynamo.reset()
+        layers = _layers(COMPILE_DTYPE)
+        for name in ("moe_plain", "experts"):
+            fn, inputs = layers[name]
+            with self.subTest(layer=name):
+                compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+                for step in range(2):  # a new forward each time: its buffer is fresh, its backward runs once
+                    loss = compiled(*_leaves(inputs)).float().square().sum()
+                    loss.backward(retain_graph=True)
+                    with self.assertRaises(moekit.MoekitError) as caught:
+                        loss.backward()
+                    self.assertIn("saved", str(caught.exception))
+                    self.assertIn("backward_overwrites_saved=False", str(caught.exception))
+
     @layer_checks.cpu_only("gradcheck needs fp64, which the CUDA backend does not store")
     def test_gradcheck_through_the_compiled_layer_fp64(self):
         torch._dynamo.reset()
-        for name, (fn, inputs) in _layers(torch.float64).items():
+        for name, (fn, inputs) in _layers(torch.float64, overwrites=False).items():
             with self.subTest(layer=name):
                 compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
                 self.assertTrue(torch.autograd.gradcheck(compiled, _leaves(inputs), eps=1e-6, atol=1e-7,

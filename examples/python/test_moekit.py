@@ -169,12 +169,12 @@ class CustomOps(unittest.TestCase):
         for training in (True, False):
             checks = training_checks if training else training_checks + ("test_aot_dispatch_dynamic",)
             x, w_router, w1, b1, w2, b2 = (t.detach().requires_grad_(training) for t in (x, w_router, w1, b1, w2, b2))
+            options = ([2, 3, 1, 0, 0, 1, 0, 0], [2.0, 7.0, 0.0, 0.0])
             torch.library.opcheck(torch.ops.moekit.moe_forward.default,
-                                  (x, w_router, router_bias, w1, b1, w2, b2, [2, 3, 1, 0, 0, 1, 0, 0], [2.0, 7.0, 0.0, 0.0],
-                                   training), test_utils=checks)
+                                  (x, w_router, router_bias, w1, b1, w2, b2, *options, training), test_utils=checks)
+            options = ([2, 0, 0, 0, 0, 0, 0, 0], [1.0, 7.0, 0.0, 0.0])
             torch.library.opcheck(torch.ops.moekit.moe_forward.default,
-                                  (x, w_router, None, w1, None, w2, None, [2, 0, 0, 0, 0, 0, 0, 0], [1.0, 7.0, 0.0, 0.0],
-                                   training), test_utils=checks)
+                                  (x, w_router, None, w1, None, w2, None, *options, training), test_utils=checks)
 
     def test_compile_traces_the_layers_without_graph_breaks(self):
         moe = moekit.MoELayer(hidden=16, intermediate=8, experts=4, top_k=2, dtype=torch.float64, router="sigmoid",

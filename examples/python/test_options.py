@@ -23,7 +23,8 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parent))
 import layer_checks  # noqa: E402
 import moekit  # noqa: E402
 from layer_checks import assert_close, cpu_only, on_device, to_device  # noqa: E402
-from moekit import functional, reference  # noqa: E402
+from moekit import _runtime, functional, reference  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 F64 = torch.float64
 # Widths in whole 16-byte vectors and 8 experts: what the CUDA backend's kernels take.
@@ -142,8 +143,9 @@ class MoELayerOptions(Case):
                 leaves = [t.requires_grad_() for t in inputs.values()]
                 names = list(inputs)
 
+                # gradcheck runs the backward of one forward several times: the saved buffer must outlive each.
                 def fn(*tensors, options=options):
-                    return _moe(**dict(zip(names, tensors)), **options)
+                    return _moe(**dict(zip(names, tensors)), backward_overwrites_saved=False, **options)
 
                 self.assertTrue(torch.autograd.gradcheck(fn, leaves))
 
@@ -206,13 +208,21 @@ class MoELayerOptions(Case):
     def test_backward_overwrites_saved_gives_the_same_gradients_once(self):
         inputs = _moe_inputs()
         dout = _randn(T, H)
-        want_out, want = _run(_moe, inputs, dout)
-        got_out, got = _run(_moe, inputs, dout, backward_overwrites_saved=True)
-        self.assertTrue(torch.equal(got_out, want_out))
-        for name in want:
-            self.assertTrue(torch.equal(got[name], want[name]), name)
+        want_out, want = _run(_moe, inputs, dout, backward_overwrites_saved=False)
+        for options in (dict(backward_overwrites_saved=True), {}):  # {}: the default, on
+            got_out, got = _run(_moe, inputs, dout, **options)
+            self.assertTrue(torch.equal(got_out, want_out))
+            for name in want:
+                self.assertTrue(torch.equal(got[name], want[name]), name)
 
-    @cpu_only("the reference backend checks that the saved buffer is spent (on a GPU a second backward reads garbage)")
+    def assert_spent(self, backward):
+        """backward() is refused by the Python-side record of spent saved buffers, on every device."""
+        with self.assertRaises(moekit.MoekitError) as caught:
+            backward()
+        self.assertEqual(caught.exception.status, moekit._capi.STATUS_INVALID_VALUE)
+        self.assertIn("saved", str(caught.exception))
+        self.assertIn("backward_overwrites_saved=False", str(caught.exception))
+
     def test_backward_overwrites_saved_refuses_a_second_backward(self):
         # The saved buffer is spent by the first backward: a second one through the same graph is refused.
         inputs = _moe_inputs()
@@ -220,7 +230,79 @@ class MoELayerOptions(Case):
         leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
         loss = (_moe(**leaves, backward_overwrites_saved=True) * dout).sum()
         loss.backward(retain_graph=True)
-        self.assert_names(moekit.MoekitError, "saved", loss.backward)
+        self.assert_spent(loss.backward)
+
+    def test_backward_overwrites_saved_is_the_default(self):
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+        loss = (_moe(**leaves) * dout).sum()
+        loss.backward(retain_graph=True)
+        self.assert_spent(loss.backward)
+        experts = self._grouped_experts()
+        loss = experts().square().sum()
+        loss.backward(retain_graph=True)
+        self.assert_spent(loss.backward)
+        for module, args in ((moekit.MoELayer(H, I, E, K, layer_checks.DEVICE, layer_checks.DTYPE), (_randn(T, H),)),
+                             (moekit.Experts(H, I, 4, layer_checks.DEVICE, layer_checks.DTYPE),
+                              (_randn(16, H), ExpertsOnGroupedRows.OFFSETS))):
+            with self.subTest(module=type(module).__name__):
+                self.assertTrue(module.backward_overwrites_saved)
+                loss = on_device(module)(*args).square().sum()
+                loss.backward(retain_graph=True)
+                self.assert_spent(loss.backward)
+
+    def _grouped_experts(self, **options):
+        inputs = _moe_inputs(experts=4)
+        leaves = dict(x=_randn(16, H).requires_grad_(), w1=inputs["w1"].requires_grad_(),
+                      w2=inputs["w2"].requires_grad_())
+        return lambda: _experts(leaves["x"], ExpertsOnGroupedRows.OFFSETS, leaves["w1"], leaves["w2"], **options)
+
+    def test_backward_overwrites_saved_off_allows_a_second_backward(self):
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+        loss = (_moe(**leaves, backward_overwrites_saved=False) * dout).sum()
+        first = torch.autograd.grad(loss, list(leaves.values()), retain_graph=True)
+        second = torch.autograd.grad(loss, list(leaves.values()))
+        for name, a, b in zip(leaves, first, second):
+            self.assertTrue(torch.equal(a, b), name)
+
+    def test_a_fresh_forward_after_a_spent_backward_runs_again(self):
+        # Each training forward fills a new saved buffer, which the caching allocator may place where the spent one
+        # was: it is fresh again, its one backward runs, as many times over as forwards are made.
+        inputs = _moe_inputs()
+        dout = _randn(T, H)
+        _, want = _run(_moe, inputs, dout, backward_overwrites_saved=False)
+        leaves = {name: t.clone().requires_grad_() for name, t in inputs.items()}
+        for step in range(3):
+            for leaf in leaves.values():
+                leaf.grad = None
+            loss = (_moe(**leaves) * dout).sum()
+            loss.backward(retain_graph=True)
+            for name, leaf in leaves.items():
+                self.assertTrue(torch.equal(leaf.grad, want[name]), "step %d: %s" % (step, name))
+            self.assert_spent(loss.backward)
+            del loss  # the graph and its saved buffer go: the next forward may take the same memory
+
+    def test_the_record_of_spent_saved_buffers(self):
+        # Whether the allocator gives a new forward the spent buffer's address is its own choice: the record's rules
+        # on one buffer, as a forward (mark_saved_fresh) and backwards (spend_saved) use them.
+        saved = _runtime.buffer(64, layer_checks.DEVICE)
+        calls = []
+        _runtime.spend_saved(saved, lambda: calls.append(1))
+        self.assert_spent(lambda: _runtime.spend_saved(saved, lambda: calls.append(2)))
+        self.assertEqual(calls, [1])
+        _runtime.mark_saved_fresh(saved)  # a forward filled it again
+        with self.assertRaises(ZeroDivisionError):  # a backward that fails leaves the buffer unspent
+            _runtime.spend_saved(saved, lambda: 1 / 0)
+        _runtime.spend_saved(saved, lambda: calls.append(3))
+        self.assertEqual(calls, [1, 3])
+        empty = _runtime.buffer(0, layer_checks.DEVICE)  # an inference forward's: never recorded
+        for _ in range(2):
+            _runtime.spend_saved(empty, lambda: calls.append(4))
+        self.assertEqual(calls, [1, 3, 4, 4])
+        _runtime.mark_saved_fresh(saved)
 
     def test_bad_arguments_name_themselves(self):
         inputs = _moe_inputs()
@@ -235,6 +317,134 @@ class MoELayerOptions(Case):
         self.assert_names(ValueError, "w1", _moe, **dict(inputs, w1=inputs["w1"][0]))
         self.assert_names(ValueError, "router", moekit.MoELayer, H, I, E, K, router="dense")
         self.assert_names(ValueError, "router_bias", moekit.MoELayer, H, I, E, K, router_bias=True)
+
+
+class _ZerosMade(TorchDispatchMode):
+    """The dtype and shape of every tensor an aten zeros op makes while active (the autograd engine makes a missing
+    output gradient as at::zeros of the output's shape: the ops this mode sees, on the device's backward thread too,
+    since the engine carries the dispatch modes there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.zeros, self.ops = [], set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(str(func.overloadpacket))
+        if "zeros" in str(func.overloadpacket) and isinstance(out, torch.Tensor):
+            self.zeros.append((out.dtype, tuple(out.shape)))
+        return out
+
+
+class BackwardAllocations(Case):
+    """The backward allocates no zero gradient for the outputs nothing differentiates: the saved-activation buffer
+    (an output of the forward custom op, often over a GiB) and the routing outputs."""
+
+    def _zeros_of_backward(self, fused):
+        inputs = _moe_inputs()
+        leaves = {name: to_device(t.clone()).requires_grad_() for name, t in inputs.items()}
+        for name in list(leaves)[1:] if fused else ():
+            leaves[name].main_grad = torch.zeros_like(leaves[name], dtype=layer_checks.WIDE)
+        out, routing = moekit.moe(leaves.pop("x"), leaves.pop("w_router"), leaves.pop("w1"), leaves.pop("w2"), K,
+                                  **leaves, return_routing=True, fuse_wgrad_accumulation=fused)
+        loss = (out.float() * to_device(_randn(T, H)).float()).sum()
+        with _ZerosMade() as made:
+            loss.backward()
+        # The backward itself: the backward op, or (fused, no op) the dx it allocates.
+        self.assertTrue(made.ops & {"moekit.moe_backward", "aten.empty_like"}, "the mode saw no backward")
+        # Not the layer's own zeros (the loss gradients of the losses that are off, dx of grouped rows: floating):
+        return [(dtype, shape) for dtype, shape in made.zeros
+                if not dtype.is_floating_point or shape == tuple(routing.scores.shape)]
+
+    def test_no_zero_gradient_of_saved_or_the_routing_outputs(self):
+        for fused in (False, True):  # the custom ops, the torch.autograd.Function (fused main_grad)
+            with self.subTest(fuse_wgrad_accumulation=fused):
+                self.assertEqual(self._zeros_of_backward(fused), [])
+
+    def test_the_check_sees_materialised_gradients(self):
+        # Autograd's default (materialize_grads) made them: the check above would fail.
+        original = functional._no_zero_grads
+        functional._no_zero_grads = lambda ctx: None
+        try:
+            made = self._zeros_of_backward(fused=False)
+        finally:
+            functional._no_zero_grads = original
+        self.assertIn(torch.uint8, [dtype for dtype, _ in made])  # the saved buffer's gradient
+        self.assertIn((torch.int64, (T, K)), made)  # the indices'
+
+
+class WorkspaceSizes(Case):
+    """A layer's forward and backward each take the workspace of their direction (moekit_plan_layer_workspace_sizes),
+    the building blocks the plan's one workspace size. The reference backend needs no workspace (all sizes 0): the
+    sizes that differ are the CUDA backend's (MOEKIT_TEST_DEVICE=cuda)."""
+
+    def _calls(self, fn):
+        """fn()'s moekit run calls: (plan, C function, workspace bytes passed)."""
+        calls, original = [], _runtime.run
+
+        def run(plan, function, args, *pointer_and_sizes, device):
+            calls.append((plan, function, pointer_and_sizes[-1]))
+            return original(plan, function, args, *pointer_and_sizes, device=device)
+
+        _runtime.run = run
+        try:
+            fn()
+        finally:
+            _runtime.run = original
+        return calls
+
+    def test_each_direction_takes_its_own_size(self):
+        inputs = {name: to_device(t) for name, t in _moe_inputs().items()}
+        experts_inputs = {name: to_device(t) for name, t in _moe_inputs(experts=4).items()}
+        x16, offsets = to_device((_randn(16, H), ExpertsOnGroupedRows.OFFSETS))
+        sparse = dict(x=_randn(T, H), w_gate=_randn(64, H, scale=0.7), w_up=_randn(64, H, scale=0.5),
+                      w_down=_randn(H, 64, scale=0.3))
+        sparse = {name: to_device(t) for name, t in sparse.items()}
+        layers = {
+            "moekit_moe": lambda **t: moekit.moe(t.pop("x"), t.pop("w_router"), t.pop("w1"), t.pop("w2"), K, **t),
+            "moekit_experts": lambda **t: moekit.experts(t["x"], offsets, t["w1"], t["w2"], b1=t["b1"], b2=t["b2"]),
+            "moekit_sparse_ffn": lambda **t: moekit.sparse_swiglu(t["x"], t["w_gate"], t["w_up"], t["w_down"], 16, 2),
+        }
+        tensors = {"moekit_moe": inputs, "moekit_experts": dict(experts_inputs, x=x16), "moekit_sparse_ffn": sparse}
+        for prefix, fn in layers.items():
+            with self.subTest(layer=prefix):
+                leaves = {name: t.clone().requires_grad_() for name, t in tensors[prefix].items()}
+
+                def step():
+                    fn(**dict(leaves)).float().square().sum().backward()
+
+                calls = self._calls(step)
+                self.assertEqual([function for _, function, _ in calls], [prefix + "_forward", prefix + "_backward"])
+                (plan, _, forward_bytes), (backward_plan, _, backward_bytes) = calls
+                self.assertIs(plan, backward_plan)
+                self.assertEqual(forward_bytes, plan.forward_workspace_bytes)
+                self.assertEqual(backward_bytes, plan.backward_workspace_bytes)
+                self.assertEqual(max(plan.forward_workspace_bytes, plan.backward_workspace_bytes),
+                                 plan.workspace_bytes)
+                with torch.no_grad():
+                    (inference, function, inference_bytes), = self._calls(lambda: fn(**dict(leaves)))
+                self.assertEqual(function, prefix + "_forward")
+                self.assertEqual(inference_bytes, inference.forward_workspace_bytes)
+                self.assertLessEqual(inference.forward_workspace_bytes, inference.workspace_bytes)
+                self.assertEqual(inference.backward_workspace_bytes, 0)
+
+    def test_the_building_blocks_take_the_plan_size(self):
+        indices = to_device(torch.randint(0, E, (T, K)))
+        x = to_device(_randn(T, H)).requires_grad_()
+
+        def chain():
+            routing = moekit.dispatch(indices, E)
+            rows = moekit.gather_tokens(x, routing.gather_idx, routing.grouped_pos)
+            scores = torch.ones(T, K, device=x.device, dtype=layer_checks.WIDE)
+            moekit.combine(rows, scores, routing.grouped_pos).sum().backward()
+
+        calls = self._calls(chain)
+        self.assertEqual([function for _, function, _ in calls],
+                         ["moekit_dispatch", "moekit_combine", "moekit_broadcast_backward"])
+        for plan, function, workspace_bytes in calls:
+            self.assertEqual(workspace_bytes, plan.workspace_bytes, function)
+            self.assertEqual((plan.forward_workspace_bytes, plan.backward_workspace_bytes),
+                             (plan.workspace_bytes, plan.workspace_bytes), function)
 
 
 class FewTokens(Case):
@@ -351,8 +561,9 @@ class ExpertsOnGroupedRows(Case):
         leaves = [t.requires_grad_() for t in inputs.values()]
         names = list(inputs)
 
-        def fn(*tensors):
-            return self._experts(**dict(zip(names, tensors)), activation="swiglu_oai", glu_limit=1.0)
+        def fn(*tensors):  # one forward, several backwards: the saved buffer kept (backward_overwrites_saved off)
+            return self._experts(**dict(zip(names, tensors)), activation="swiglu_oai", glu_limit=1.0,
+                                 backward_overwrites_saved=False)
 
         self.assertTrue(torch.autograd.gradcheck(fn, leaves))
 

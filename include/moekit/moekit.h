@@ -208,6 +208,12 @@ MOEKIT_API moekit_status_t moekit_plan_destroy(moekit_plan_t plan);
  * A workspace holds nothing between calls; on a CUDA handle it is device memory aligned to 256 bytes (16 bytes of
  * host memory on a reference handle). */
 MOEKIT_API moekit_status_t moekit_plan_workspace_size(moekit_plan_t plan, size_t* bytes);
+/* A layer plan's workspace per direction: the bytes its forward and its backward each need (either pointer may be
+ * NULL). moekit_plan_workspace_size is the larger, so one buffer of that size serves both; a caller that allocates
+ * the workspace per call (a framework's caching allocator) takes only what the direction needs. The backward of an
+ * inference plan: 0 (it has none). Any other plan: its workspace size for both. */
+MOEKIT_API moekit_status_t moekit_plan_layer_workspace_sizes(moekit_plan_t plan, size_t* forward_bytes,
+                                                             size_t* backward_bytes);
 /* Bytes of the saved-activation buffer a layer forward fills and its backward reads (layers only; 0 for the
  * building blocks and in inference mode). 256-byte aligned device memory on a CUDA handle (16-byte aligned host
  * memory on a reference handle). */

@@ -50,7 +50,7 @@ CudaBackend::~CudaBackend() {
 }
 
 void CudaBackend::plan_sizes(moekit_plan& plan) const {
-  plan.workspace_bytes = 0;
+  plan.workspace_bytes = plan.forward_workspace_bytes = plan.backward_workspace_bytes = 0;
   plan.saved_bytes = 0;
   if (plan.kind == OpKind::router) {
     if (plan.router.experts > routing::max_router_experts)
@@ -75,6 +75,7 @@ void CudaBackend::plan_sizes(moekit_plan& plan) const {
   if (plan.kind == OpKind::bias_grad)
     plan.workspace_bytes =
         reduce::bias_sums_layout(plan.bias_grad.experts, plan.bias_grad.max_rows, plan.bias_grad.width).bytes;
+  if (!is_layer(plan.kind)) plan.forward_workspace_bytes = plan.backward_workspace_bytes = plan.workspace_bytes;
 }
 
 std::string CudaBackend::describe(const moekit_plan& plan) const {

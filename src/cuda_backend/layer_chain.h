@@ -48,14 +48,15 @@ class Carve {
   size_t end_;
 };
 
-// A layer plan's sizes from its buffer layout, `layout(backward)` measuring one direction's carving: forward and
-// backward share the workspace (the larger of the two; the forward's alone in inference mode), and the forward
-// fills the saved buffer.
+// A layer plan's sizes from its buffer layout, `layout(backward)` measuring one direction's carving: each direction
+// needs its own carving's end (an inference plan has no backward), the workspace size is the larger, and the
+// forward fills the saved buffer.
 template <class Layout>
 void set_layer_sizes(moekit_plan& plan, bool inference, Layout layout) {
   const auto forward = layout(false);
-  const auto backward = layout(true);
-  plan.workspace_bytes = inference ? forward.workspace_end : std::max(forward.workspace_end, backward.workspace_end);
+  plan.forward_workspace_bytes = forward.workspace_end;
+  plan.backward_workspace_bytes = inference ? 0 : layout(true).workspace_end;
+  plan.workspace_bytes = std::max(plan.forward_workspace_bytes, plan.backward_workspace_bytes);
   plan.saved_bytes = forward.saved_end;
 }
 

@@ -3,6 +3,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "cuda/common/cuda_check.h"
 
 namespace moekit {
@@ -41,8 +43,8 @@ void take_routed_scratch(Carve& ws, const moekit_moe_desc_t& d, bool backward, R
   }
   b.ds = ws.take<float>(P);
   b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * h_width(d)) * es);
-  b.a_scaled = ws.take(static_cast<size_t>(P * d.intermediate) * es);
-  b.dxe = ws.take(static_cast<size_t>(P * d.hidden) * es);
+  // One section for a' and dxe: dW2 reads a' last and runs before the dxe GEMM writes (routed_backward).
+  b.a_scaled = b.dxe = ws.take(static_cast<size_t>(P * std::max(d.intermediate, d.hidden)) * es);
 }
 
 RoutedCall routed_call(CudaBackend& backend, const moekit_plan& layer, const RoutedPlans& plans,
@@ -112,6 +114,13 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
     run.db2_ds(p.mlp.db2, bd, call.scratch, call.stream);
   }
 
+  // dW2 before the input gradient: dxe takes a''s memory.
+  if (a.weight_grad) {
+    moekit_gemm_args_t w2g = gemm_args(a.dout, dg.act, g.expert_offsets, a.dw2, a.beta_dw2);
+    w2g.gather_idx = g.gather_idx;
+    run.gemm(p.mlp.dw2, w2g, call.scratch, call.stream);
+  }
+
   if (a.input_grad) {
     const moekit_gemm_args_t dx_e =
         gemm_args(dg.c, a.w1, g.expert_offsets, device_view(b.dxe, d.dtype, {P, d.hidden}, dev));
@@ -121,9 +130,6 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
   }
 
   if (a.weight_grad) {
-    moekit_gemm_args_t w2g = gemm_args(a.dout, dg.act, g.expert_offsets, a.dw2, a.beta_dw2);
-    w2g.gather_idx = g.gather_idx;
-    run.gemm(p.mlp.dw2, w2g, call.scratch, call.stream);
     moekit_gemm_args_t w1g = gemm_args(dg.c, a.x, g.expert_offsets, a.dw1, a.beta_dw1);
     w1g.gather_idx = g.gather_idx;
     run.gemm(p.mlp.dw1, w1g, call.scratch, call.stream);

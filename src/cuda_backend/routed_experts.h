@@ -4,8 +4,8 @@
 //
 // Forward: dispatch of the [T, K] ids -> up GEMM (x rows gathered, gated epilogue: h, a) -> down GEMM (+ b2: y)
 // -> combine of the weighted y into out. Backward, on the forward's saved dispatch and h: dgated GEMM (dout rows
-// gathered @ W2: dh, a' = s a, ds = dA . a) -> db2 and ds += dout . b2 -> input gradient: dxe = dh W1,
-// dx = beta dx + sum of dxe; weight gradients: dW2 = dout^T a', dW1 = dh^T x, db1.
+// gathered @ W2: dh, a' = s a, ds = dA . a) -> db2 and ds += dout . b2 -> dW2 = dout^T a' -> input gradient:
+// dxe = dh W1 (over a'), dx = beta dx + sum of dxe -> dW1 = dh^T x, db1.
 // One stream, the caller's memory only, no host synchronisation.
 #pragma once
 
@@ -37,7 +37,8 @@ struct RoutedPlans {
 RoutedPlans routed_plans(const moekit_plan& layer);
 
 // The grouped buffers of P pairs. Saved (the workspace in inference mode): the dispatch's CSR, which the backward
-// reads instead of dispatching again, and h. The forward's scratch: a and y; the backward's: ds, dh, a', dxe.
+// reads instead of dispatching again, and h. The forward's scratch: a and y; the backward's: ds, dh, and a' with
+// dxe in one section.
 struct RoutedBuffers {
   Routing routing;
   void* h;

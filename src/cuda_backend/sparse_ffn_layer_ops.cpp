@@ -97,7 +97,7 @@ struct SparseFfnBuffers {
   void *a, *y;      // [P, G], [P, D]
   // Backward only.
   float *ones, *ds;           // [P] each: the scores of 1 and the dgated epilogue's (unused) score gradients
-  void *dh, *a_scaled, *dxe;  // [P, 2G], [P, G], [P, D]
+  void *dh, *a_scaled, *dxe;  // [P, 2G], [P, G], [P, D]; a' and dxe share one section
   float* dw;                  // fp32 staging of dW1 [NG, 2G, D], then of dW2 [NG, D, G]
   size_t workspace_end, saved_end;
 };
@@ -132,8 +132,8 @@ SparseFfnBuffers sparse_ffn_buffers(const moekit_plan& layer, void* workspace, v
     b.ones = ws.take<float>(P);
     b.ds = ws.take<float>(P);
     b.dh = ws.take(static_cast<size_t>(P * 2 * G) * es);
-    b.a_scaled = ws.take(static_cast<size_t>(P * G) * es);
-    b.dxe = ws.take(static_cast<size_t>(P * D) * es);
+    // One section for a' and dxe: the weight gradients read a' before the dx GEMM writes dxe.
+    b.a_scaled = b.dxe = ws.take(static_cast<size_t>(P * std::max(G, D)) * es);
     b.dw = ws.take<float>(2 * F * D);
   }
   b.workspace_end = ws.end();

@@ -9,7 +9,7 @@ inline namespace v0 {
 namespace ref {
 
 void ReferenceBackend::plan_sizes(moekit_plan& plan) const {
-  plan.workspace_bytes = 0;
+  plan.workspace_bytes = plan.forward_workspace_bytes = plan.backward_workspace_bytes = 0;
   plan.saved_bytes = 0;
   switch (plan.kind) {
     case OpKind::moe_layer:

@@ -257,4 +257,13 @@ AlignedBuffer workspace_buffer(moekit_plan_t plan) {
   return AlignedBuffer(bytes);
 }
 
+LayerWorkspaceSizes layer_workspace_sizes(moekit_plan_t plan) {
+  LayerWorkspaceSizes sizes;
+  size_t total = 0;
+  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &total));
+  MOEKIT_REQUIRE_OK(moekit_plan_layer_workspace_sizes(plan, &sizes.forward, &sizes.backward));
+  CHECK(std::max(sizes.forward, sizes.backward) == total);
+  return sizes;
+}
+
 }  // namespace moekit_test

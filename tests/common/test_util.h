@@ -140,6 +140,13 @@ class AlignedBuffer {
 AlignedBuffer saved_buffer(moekit_plan_t plan);
 AlignedBuffer workspace_buffer(moekit_plan_t plan);
 
+// A layer plan's workspace per direction (moekit_plan_layer_workspace_sizes); CHECKs that the plan's workspace
+// size is the larger of the two.
+struct LayerWorkspaceSizes {
+  size_t forward = 0, backward = 0;
+};
+LayerWorkspaceSizes layer_workspace_sizes(moekit_plan_t plan);
+
 }  // namespace moekit_test
 
 // REQUIRE that a moekit call succeeded, printing the status and the last error otherwise.

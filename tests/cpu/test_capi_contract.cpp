@@ -1133,6 +1133,48 @@ TEST_CASE("workspace: too small, NULL, misaligned", "[capi]") {
   CHECK(f.untouched());
 }
 
+TEST_CASE("layer workspace: each direction needs its own size only", "[capi]") {
+  ReferenceHandle h(2);
+  size_t forward = 77, backward = 77;
+  REQUIRE_REJECTED(moekit_plan_layer_workspace_sizes(nullptr, &forward, &backward), MOEKIT_STATUS_INVALID_VALUE,
+                   "plan:");
+  CHECK(forward == 77);
+  CHECK(backward == 77);
+  auto forward_owner = moe_forward(h.handle);
+  auto& f = as<moekit_moe_fwd_args_t>(*forward_owner);
+  auto backward_owner = moe_backward(h.handle);
+  auto& b = as<moekit_moe_bwd_args_t>(*backward_owner);
+  // NOTE: white-box, as above: the reference layers need no workspace; these sizes are a CUDA plan's pretence.
+  for (moekit_plan_t plan : {f.plan, b.plan}) {
+    plan->workspace_bytes = plan->forward_workspace_bytes = 512;
+    plan->backward_workspace_bytes = 256;
+  }
+  MOEKIT_REQUIRE_OK(moekit_plan_layer_workspace_sizes(f.plan, &forward, &backward));
+  CHECK(forward == 512);
+  CHECK(backward == 256);
+  MOEKIT_REQUIRE_OK(moekit_plan_layer_workspace_sizes(f.plan, nullptr, nullptr));
+  AlignedBuffer workspace(512);
+  f.snapshot();
+  REQUIRE_REJECTED(moekit_moe_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), workspace.data(), 511, nullptr),
+                   MOEKIT_STATUS_INSUFFICIENT_WORKSPACE, "moekit_plan_layer_workspace_sizes");
+  CHECK(f.untouched());
+  MOEKIT_REQUIRE_OK(
+      moekit_moe_forward(f.plan, &f.args, f.saved.data(), f.saved.size(), workspace.data(), 512, nullptr));
+  b.snapshot();
+  REQUIRE_REJECTED(moekit_moe_backward(b.plan, &b.args, b.saved.data(), b.saved.size(), workspace.data(), 255, nullptr),
+                   MOEKIT_STATUS_INSUFFICIENT_WORKSPACE, "workspace_bytes: 255 bytes given, the plan needs 256");
+  // 256 bytes pass the workspace check: the next one, the saved buffer no forward filled, refuses the call.
+  REQUIRE_REJECTED(moekit_moe_backward(b.plan, &b.args, b.saved.data(), b.saved.size(), workspace.data(), 256, nullptr),
+                   MOEKIT_STATUS_INVALID_VALUE, "saved:");
+  CHECK(b.untouched());
+
+  // A building block: its workspace size for both.
+  auto router_owner = router_forward(h.handle);
+  MOEKIT_REQUIRE_OK(moekit_plan_layer_workspace_sizes(router_owner->plan, &forward, &backward));
+  CHECK(forward == 0);
+  CHECK(backward == 0);
+}
+
 TEST_CASE("saved buffer: too small, NULL, misaligned, and an inference plan has no backward", "[capi]") {
   ReferenceHandle h(2);
   for (FixtureMaker make : {moe_forward, moe_backward, experts_forward, token_experts_backward, sparse_ffn_backward}) {

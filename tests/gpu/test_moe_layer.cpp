@@ -105,7 +105,7 @@ struct Inputs {
 
 struct Outputs {
   HostTensor out, scores, indices, counts, dx, dwr, dw1, db1, dw2, db2;
-  size_t workspace_bytes = 0;
+  size_t backward_workspace_bytes = 0;
   HostTensor load_balance_loss, z_loss;  // [1] fp32
 };
 
@@ -145,12 +145,13 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_moe_plan_create(handle, &d, &plan));
   if (after_planning) after_planning(plan);
-  size_t saved_bytes = 0, workspace_bytes = 0;
+  size_t saved_bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  const auto [forward_bytes, backward_bytes] = moekit_test::layer_workspace_sizes(plan);
+  if (c.inference) CHECK(backward_bytes == 0);
 
   Outputs o;
-  o.workspace_bytes = workspace_bytes;
+  o.backward_workspace_bytes = backward_bytes;
   o.out = c.beta_out != 0 ? in.out0 : HostTensor(c.dtype, {T, H});
   o.scores = HostTensor(MOEKIT_DTYPE_FP32, {T, K});
   o.indices = HostTensor(MOEKIT_DTYPE_INT64, {T, K});
@@ -191,8 +192,9 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   if (c.load_balance_coeff != 0) f.load_balance_loss = at.put(o.load_balance_loss);
   if (c.z_loss_coeff != 0) f.z_loss = at.put(o.z_loss);
   void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
-  void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
+  // Each direction gets a buffer of exactly its own size, so a carving past it is an out-of-bounds access.
+  void* workspace = forward_bytes ? at.buffer(forward_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_moe_forward(plan, &f, saved, saved_bytes, workspace, forward_bytes, stream));
   if (c.inference) {
     REQUIRE(saved_bytes == 0);
     at.fetch();
@@ -216,6 +218,7 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     b.db1 = at.put(o.db1);
     b.db2 = at.put(o.db2);
   }
+  workspace = backward_bytes ? at.buffer(backward_bytes) : nullptr;
   const double beta = c.accumulate ? 1.0 : 0.0;
   b.beta_dx = b.beta_dw_router = b.beta_dw1 = b.beta_db1 = b.beta_dw2 = b.beta_db2 = beta;
   if (c.load_balance_coeff != 0) b.dload_balance_loss = at.put(d_lb);
@@ -223,11 +226,11 @@ Outputs run_moe(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   if (c.split_backward) {
     // Weight gradients first, then the input gradient: the saved buffer is only read, so any order works.
     b.compute_input_grad = 0;
-    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+    MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
     b.compute_input_grad = 1;
     b.compute_weight_grad = 0;
   }
-  MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+  MOEKIT_REQUIRE_OK(moekit_moe_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;
@@ -509,7 +512,7 @@ namespace {
 
 struct ExpertsOutputs {
   HostTensor y, dx, dw1, db1, dw2, db2;
-  size_t workspace_bytes = 0;
+  size_t backward_workspace_bytes = 0;
 };
 
 // The experts-only layer on grouped rows: forward then backward on `handle`.
@@ -520,11 +523,11 @@ ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c,
   d.max_tokens = rows;
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_experts_plan_create(handle, &d, &plan));
-  size_t saved_bytes = 0, workspace_bytes = 0;
+  size_t saved_bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  const auto [forward_bytes, backward_bytes] = moekit_test::layer_workspace_sizes(plan);
   ExpertsOutputs o;
-  o.workspace_bytes = workspace_bytes;
+  o.backward_workspace_bytes = backward_bytes;
   o.y = HostTensor(c.dtype, {rows, H});
   o.dx = HostTensor(c.dtype, {rows, H});
   o.dw1 = HostTensor(c.dtype, {E, c.hw(), H});
@@ -546,8 +549,8 @@ ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c,
   }
   f.y = at.put(o.y);
   void* saved = at.buffer(saved_bytes);
-  void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_experts_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  void* workspace = forward_bytes ? at.buffer(forward_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_experts_forward(plan, &f, saved, saved_bytes, workspace, forward_bytes, nullptr));
   moekit_experts_bwd_args_t b;
   moekit_experts_bwd_args_init(&b);
   b.x = f.x;
@@ -562,7 +565,8 @@ ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c,
     b.db1 = at.put(o.db1);
     b.db2 = at.put(o.db2);
   }
-  MOEKIT_REQUIRE_OK(moekit_experts_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, nullptr));
+  workspace = backward_bytes ? at.buffer(backward_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_experts_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, nullptr));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;
@@ -635,7 +639,7 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
     require_same_bits(plain, over);
     REQUIRE(over.dw2.bytes_equal(plain.dw2));
     const size_t dh_bytes = static_cast<size_t>((c.tokens + 3) * c.top_k * c.hw()) * 2;
-    REQUIRE(plain.workspace_bytes - over.workspace_bytes == (dh_bytes + 255) / 256 * 256);
+    REQUIRE(plain.backward_workspace_bytes - over.backward_workspace_bytes == (dh_bytes + 255) / 256 * 256);
 
     // The experts-only layer on the same rows, split evenly over the experts.
     Config e = c;
@@ -648,7 +652,7 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
     for (HostTensor ExpertsOutputs::*t : {&ExpertsOutputs::y, &ExpertsOutputs::dx, &ExpertsOutputs::dw1,
                                           &ExpertsOutputs::db1, &ExpertsOutputs::dw2, &ExpertsOutputs::db2})
       REQUIRE((plain_experts.*t).bytes_equal(over_experts.*t));
-    REQUIRE(over_experts.workspace_bytes < plain_experts.workspace_bytes);
+    REQUIRE(over_experts.backward_workspace_bytes < plain_experts.backward_workspace_bytes);
   }
 }
 

@@ -174,10 +174,11 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   const moekit_sparse_ffn_desc_t d = layer_desc(c, inference);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_sparse_ffn_plan_create(handle, &d, &plan));
-  size_t saved_bytes = 0, workspace_bytes = 0;
+  size_t saved_bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  const auto [forward_bytes, backward_bytes] = moekit_test::layer_workspace_sizes(plan);
   REQUIRE((saved_bytes == 0) == inference);
+  REQUIRE((backward_bytes == 0) == inference);
 
   Outputs o;
   o.out = initial(in.out0, c.beta_out);
@@ -204,8 +205,9 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
   f.counts = at.put(o.counts);
   f.beta_out = c.beta_out;
   void* saved = inference ? nullptr : at.buffer(saved_bytes);
-  void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
+  // Each direction gets a buffer of exactly its own size, so a carving past it is an out-of-bounds access.
+  void* workspace = forward_bytes ? at.buffer(forward_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_sparse_ffn_forward(plan, &f, saved, saved_bytes, workspace, forward_bytes, stream));
 
   if (!inference) {
     moekit_sparse_ffn_bwd_args_t b;
@@ -221,13 +223,14 @@ Outputs run_ffn(moekit_handle_t handle, bool device, const Config& c, Inputs& in
     b.dw_down = at.put(o.dwd);
     b.beta_dx = c.beta_dx;
     b.beta_dw_gate = b.beta_dw_up = b.beta_dw_down = c.beta_dw;
+    workspace = backward_bytes ? at.buffer(backward_bytes) : nullptr;
     if (c.split_backward) {
       b.compute_weight_grad = 0;
-      MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+      MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
       b.compute_weight_grad = 1;
       b.compute_input_grad = 0;
     }
-    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+    MOEKIT_REQUIRE_OK(moekit_sparse_ffn_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
   }
   at.fetch();
   moekit_plan_destroy(plan);

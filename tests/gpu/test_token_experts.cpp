@@ -182,9 +182,9 @@ Outputs run_token_experts(moekit_handle_t handle, bool device, const Config& c, 
   moekit_moe_desc_t d = layer_desc(c);
   moekit_plan_t plan = nullptr;
   MOEKIT_REQUIRE_OK(moekit_token_experts_plan_create(handle, &d, &plan));
-  size_t saved_bytes = 0, workspace_bytes = 0;
+  size_t saved_bytes = 0;
   MOEKIT_REQUIRE_OK(moekit_plan_saved_size(plan, &saved_bytes));
-  MOEKIT_REQUIRE_OK(moekit_plan_workspace_size(plan, &workspace_bytes));
+  const auto [forward_bytes, backward_bytes] = moekit_test::layer_workspace_sizes(plan);
 
   Outputs o;
   o.out = in.out0;
@@ -213,8 +213,9 @@ Outputs run_token_experts(moekit_handle_t handle, bool device, const Config& c, 
   f.out = at.put(o.out);
   f.beta_out = c.accumulate ? 1.0 : 0.0;
   void* saved = saved_bytes ? at.buffer(saved_bytes) : nullptr;
-  void* workspace = workspace_bytes ? at.buffer(workspace_bytes) : nullptr;
-  MOEKIT_REQUIRE_OK(moekit_token_experts_forward(plan, &f, saved, saved_bytes, workspace, workspace_bytes, stream));
+  // Each direction gets a buffer of exactly its own size, so a carving past it is an out-of-bounds access.
+  void* workspace = forward_bytes ? at.buffer(forward_bytes) : nullptr;
+  MOEKIT_REQUIRE_OK(moekit_token_experts_forward(plan, &f, saved, saved_bytes, workspace, forward_bytes, stream));
   if (c.inference) {
     REQUIRE(saved_bytes == 0);
     at.fetch();
@@ -240,15 +241,15 @@ Outputs run_token_experts(moekit_handle_t handle, bool device, const Config& c, 
     b.db2 = at.put(o.db2);
   }
   b.beta_dx = b.beta_dw1 = b.beta_db1 = b.beta_dw2 = b.beta_db2 = c.accumulate ? 1.0 : 0.0;
+  workspace = backward_bytes ? at.buffer(backward_bytes) : nullptr;
   if (c.split_backward) {
     // The weight gradients first: the saved buffer is only read, so any order works.
     b.compute_input_grad = 0;
-    MOEKIT_REQUIRE_OK(
-        moekit_token_experts_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+    MOEKIT_REQUIRE_OK(moekit_token_experts_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
     b.compute_input_grad = 1;
     b.compute_weight_grad = 0;
   }
-  MOEKIT_REQUIRE_OK(moekit_token_experts_backward(plan, &b, saved, saved_bytes, workspace, workspace_bytes, stream));
+  MOEKIT_REQUIRE_OK(moekit_token_experts_backward(plan, &b, saved, saved_bytes, workspace, backward_bytes, stream));
   at.fetch();
   moekit_plan_destroy(plan);
   return o;

@@ -25,6 +25,7 @@ except ImportError:
     _build_info = None
 
 SUCCESS = 0
+STATUS_INVALID_VALUE = 100
 STATUS_VALIDATION_FAILED = 101
 STATUS_NOT_SUPPORTED = 200
 HANDLE_VALIDATE = 1
@@ -269,6 +270,7 @@ _PROTOTYPES = {
     "moekit_handle_destroy": [c_void_p],
     "moekit_plan_destroy": [c_void_p],
     "moekit_plan_workspace_size": [c_void_p, _P(c_size_t)],
+    "moekit_plan_layer_workspace_sizes": [c_void_p, _P(c_size_t), _P(c_size_t)],
     "moekit_plan_saved_size": [c_void_p, _P(c_size_t)],
     "moekit_plan_describe": [c_void_p, ctypes.c_char_p, c_size_t],
     "moekit_moe_desc_init": [_P(MoeDesc)],

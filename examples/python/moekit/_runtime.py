@@ -8,6 +8,10 @@
 - A torch tensor becomes a moekit_tensor_t view of its memory (no copy); workspace and saved-activation buffers
   are uint8 tensors from PyTorch's allocator (the caching allocator on a GPU, which aligns to 512 bytes).
 - On a GPU every call is enqueued on PyTorch's current stream of that device.
+- With backward_overwrites_saved the backward writes dh over the saved buffer, so that buffer serves one backward
+  only. The CUDA backend cannot tell a spent buffer from a fresh one (a second backward would compute garbage), so
+  the spent buffers are recorded here, by device and address, and a second backward over one raises MoekitError on
+  every device: see mark_saved_fresh and spend_saved.
 """
 import atexit
 import ctypes
@@ -56,7 +60,10 @@ class Handle:
 
 
 class Plan:
-    """A plan with its sizes. `create` is a moekit_*_plan_create function, `desc` its filled descriptor."""
+    """A plan with its sizes. `create` is a moekit_*_plan_create function, `desc` its filled descriptor.
+
+    workspace_bytes serves every run (the building blocks take it); a layer's forward and backward each need only
+    forward_workspace_bytes and backward_workspace_bytes (0 for an inference plan's backward)."""
 
     def __init__(self, handle, create, desc):
         lib = _capi.load()
@@ -69,6 +76,10 @@ class Plan:
         _capi.check(lib.moekit_plan_saved_size(raw, ctypes.byref(saved)))
         self.workspace_bytes = workspace.value
         self.saved_bytes = saved.value
+        forward, backward = ctypes.c_size_t(), ctypes.c_size_t()
+        _capi.check(lib.moekit_plan_layer_workspace_sizes(raw, ctypes.byref(forward), ctypes.byref(backward)))
+        self.forward_workspace_bytes = forward.value
+        self.backward_workspace_bytes = backward.value
 
 
 _handles = {}
@@ -145,6 +156,45 @@ def stream_for(device):
 def buffer(nbytes, device):
     """Workspace or saved-activation memory from PyTorch's allocator (empty for 0 bytes: then NULL is passed)."""
     return torch.empty(nbytes, dtype=torch.uint8, device=device)
+
+
+_spent_saved = set()  # (device, data_ptr) of the saved buffers a backward_overwrites_saved backward has spent
+_spent_lock = threading.Lock()
+
+
+def _saved_key(saved):
+    return (_device_key(saved.device), saved.data_ptr())
+
+
+def mark_saved_fresh(saved):
+    """A training forward has just filled `saved`: a buffer at this address, spent before and freed since, is fresh
+    again. An empty buffer (inference) is never recorded."""
+    if saved.numel():
+        with _spent_lock:
+            _spent_saved.discard(_saved_key(saved))
+
+
+def spend_saved(saved, backward):
+    """Runs backward() (a backward_overwrites_saved backward over `saved`) once per filled buffer: raises
+    MoekitError, naming "saved", where an earlier one has spent it. The buffer is claimed before the call (two
+    threads cannot both pass) and stays spent once backward() returns; a call that raises gives it back."""
+    if not saved.numel():
+        return backward()
+    key = _saved_key(saved)
+    with _spent_lock:
+        if key in _spent_saved:
+            raise _capi.MoekitError(
+                _capi.STATUS_INVALID_VALUE, "MOEKIT_STATUS_INVALID_VALUE",
+                "saved: already spent by an earlier backward of this forward (backward_overwrites_saved=True writes "
+                "dh over it); pass backward_overwrites_saved=False to run a graph's backward more than once "
+                "(retain_graph=True, torch.autograd.gradcheck)")
+        _spent_saved.add(key)
+    try:
+        return backward()
+    except BaseException:
+        with _spent_lock:
+            _spent_saved.discard(key)
+        raise
 
 
 def run(plan, function, args, *pointer_and_sizes, device):

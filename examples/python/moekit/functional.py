@@ -172,7 +172,7 @@ def forward_impl(spec, tensors, options, training):
     out = _zeroed_rows(spec, x)
     extras = spec.extra_outputs(tensors, options)
     saved = _runtime.buffer(plan.saved_bytes if training else 0, x.device)
-    workspace = _runtime.buffer(plan.workspace_bytes, x.device)
+    workspace = _runtime.buffer(plan.forward_workspace_bytes, x.device)
     args = _capi.initialised(spec.fwd_type, spec.fwd_init)
     for name in spec.inputs:
         setattr(args, name, _runtime.view(tensors[name]))
@@ -182,18 +182,23 @@ def forward_impl(spec, tensors, options, training):
             setattr(args, name, _runtime.view(tensor.view(1) if name in spec.losses else tensor))
     _runtime.run(plan, spec.forward, args, _pointer(saved), saved.numel(), _pointer(workspace), workspace.numel(),
                  device=x.device)
+    _runtime.mark_saved_fresh(saved)
     return out, saved, [extras[name] for name in spec.extras]
 
 
 def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, grad_into=None, loss_grads=None):
     """The gradients (dx, {weight: grad}) of the forward that filled `saved`: None for those not asked for. A weight
     named in `grad_into` has its gradient added (beta = 1) to that tensor, which is then its gradient. loss_grads:
-    {loss: the gradient of that scalar output}; a loss without one has a gradient of 0."""
+    {loss: the gradient of that scalar output}; a loss without one has a gradient of 0. dout None: the output has
+    no gradient (only a loss was used), taken as 0. With backward_overwrites_saved, `saved` serves one backward:
+    a second one over it raises MoekitError (_runtime.spend_saved)."""
     grad_into = grad_into or {}
     loss_grads = loss_grads or {}
     plan = spec.plan(tensors, options, inference=False)
     x = tensors["x"]
-    workspace = _runtime.buffer(plan.workspace_bytes, x.device)
+    if dout is None:
+        dout = torch.zeros_like(x)  # out has x's shape and dtype in every layer (see _zeroed_rows)
+    workspace = _runtime.buffer(plan.backward_workspace_bytes, x.device)
     dx = _zeroed_rows(spec, x) if input_grad else None
     grad_dtype = _runtime.torch_dtype(options["weight_grad_dtype"])
     grads = {}
@@ -219,8 +224,15 @@ def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, 
             dtype = _loss_dtype(x)
             grad = x.new_zeros(1, dtype=dtype) if grad is None else grad.reshape(1).to(dtype).contiguous()
             setattr(args, "d" + name, _runtime.view(grad))
-    _runtime.run(plan, spec.backward, args, _pointer(saved), saved.numel(), _pointer(workspace), workspace.numel(),
-                 device=x.device)
+
+    def call():
+        _runtime.run(plan, spec.backward, args, _pointer(saved), saved.numel(), _pointer(workspace),
+                     workspace.numel(), device=x.device)
+
+    if options.get("backward_overwrites_saved"):
+        _runtime.spend_saved(saved, call)
+    else:
+        call()
     return dx, grads
 
 
@@ -242,6 +254,8 @@ class LayerFunction(torch.autograd.Function):
     def forward(ctx, spec, options, owners, *inputs):
         tensors = dict(zip(spec.inputs, inputs))
         out, saved, extras = forward_impl(spec, tensors, options, training=True)
+        # An output without a gradient (the routing outputs, an unused out) reaches backward as None, not zeros.
+        _no_zero_grads(ctx)
         # owners: {weight name: the tensor whose main_grad takes its gradient} (fused accumulation), else empty.
         ctx.spec, ctx.options, ctx.owners = spec, options, owners
         ctx.present = [t is not None for t in inputs]
@@ -260,8 +274,8 @@ class LayerFunction(torch.autograd.Function):
         fused = {name: owner.main_grad for name, owner in ctx.owners.items() if needs[name]}
         weight_grad = any(needs[name] for name in spec.weights)
         loss_grads = {name: g for name, g in zip(spec.extras, dextras) if name in spec.losses}
-        dx, grads = backward_impl(spec, _dense(dout), tensors, saved, ctx.options, needs["x"], weight_grad,
-                                  fused, loss_grads)
+        dx, grads = backward_impl(spec, None if dout is None else _dense(dout), tensors, saved, ctx.options,
+                                  needs["x"], weight_grad, fused, loss_grads)
         result = {"x": dx if needs["x"] else None}
         for name in spec.weights:
             if needs[name]:
@@ -273,6 +287,13 @@ class LayerFunction(torch.autograd.Function):
 # lists; the forward returns out, saved and up to five extra outputs (empty where a layer has fewer), the backward
 # takes the gradients of the loss outputs (None where a layer has none).
 _SLOTS, _EXTRA_SLOTS = 7, 5
+
+
+def _no_zero_grads(ctx):
+    """Has autograd pass None, not a materialised zero tensor, for an output without a gradient. The forward op
+    returns the saved-activation buffer as an output (the backward op takes it): a zero gradient of it would be as
+    large as the buffer, allocated in every backward for nothing; the routing outputs would get zeros as well."""
+    ctx.set_materialize_grads(False)
 
 
 def _padded(values, length):
@@ -335,18 +356,22 @@ def _register_custom_ops(spec):
 
     def setup_context(ctx, inputs, output):
         *tensors, int_options, float_options, _ = inputs
+        _no_zero_grads(ctx)
         ctx.int_options, ctx.float_options = int_options, float_options
         ctx.present = [t is not None for t in tensors]
         ctx.save_for_backward(output[1], *[t for t in tensors if t is not None])
 
     def backward(ctx, dout, _dsaved, *dextras):
+        # _dsaved and the gradients of the routing outputs are None (no use of them has a gradient); dout is None
+        # where only a loss output was used, and stands for zeros of out's shape, which is x's.
         saved, *present = ctx.saved_tensors
         present = iter(present)
         tensors = [next(present) if here else None for here in ctx.present]
+        dout = torch.zeros_like(tensors[0]) if dout is None else _dense(dout)
         needs = dict(zip(spec.inputs, ctx.needs_input_grad[:_SLOTS]))
         weight_grad = any(needs[name] for name in spec.weights)
         dlosses = _padded([g for name, g in zip(spec.extras, dextras) if name in spec.losses], 2)
-        grads = backward_op(_dense(dout), saved, *tensors, *dlosses, ctx.int_options, ctx.float_options, needs["x"],
+        grads = backward_op(dout, saved, *tensors, *dlosses, ctx.int_options, ctx.float_options, needs["x"],
                             weight_grad)
         differentiable = ("x",) + spec.weights
         return tuple(g if needs.get(name) and name in differentiable else None
@@ -403,7 +428,7 @@ def _apply(spec, tensors, options, fused):
 def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", renormalize=False,
         router_scale=1.0, router_bias=None, activation="swiglu", glu_layout="concat", glu_limit=7.0, expert_begin=0,
         fuse_wgrad_accumulation=False, return_routing=False, load_balance_coeff=0.0, z_loss_coeff=0.0,
-        return_aux_losses=False, backward_overwrites_saved=False):
+        return_aux_losses=False, backward_overwrites_saved=True):
     """The MoE layer: x [T, H], w_router [router_experts, H], w1 [E, 2I, H] ([E, I, H] for a non-gated activation),
     w2 [E, H, I], optional biases b1 [E, 2I] and b2 [E, H] -> out [T, H]; with return_routing, (out, Routing); with
     return_aux_losses, AuxLosses comes last ((out, AuxLosses) or (out, Routing, AuxLosses)).
@@ -418,9 +443,10 @@ def moe(x, w_router, w1, w2, top_k, *, b1=None, b2=None, router="softmax_topk", 
     ACTIVATIONS; glu_layout "concat" (gate rows, then up rows) or "interleaved"; glu_limit: swiglu_oai's clamp.
     W1 and W2 hold the local experts expert_begin .. expert_begin + E - 1 of the router's; pairs routed to other
     experts are dropped. fuse_wgrad_accumulation: the backward adds each weight's gradient into its `main_grad`
-    (fp32 or the weight dtype) instead of returning it. backward_overwrites_saved: the backward writes dh over the
-    saved h, so it needs [T * top_k, 2I] elements less memory (docs/api.md), and the graph's backward may run once
-    only (no retain_graph: a second backward is an error on the CPU and garbage on the GPU)."""
+    (fp32 or the weight dtype) instead of returning it. backward_overwrites_saved (default on): the backward writes
+    dh over the saved h, so it needs [T * top_k, 2I] elements less memory (docs/api.md), and the graph's backward
+    may run once only: a second backward over the same forward (retain_graph=True, torch.autograd.gradcheck) raises
+    MoekitError naming "saved", on every device; pass False for those."""
     options = dict(top_k=top_k, router=_choice("router", router, ROUTERS), renormalize=int(bool(renormalize)),
                    expert_begin=expert_begin, activation=_choice("activation", activation, ACTIVATIONS),
                    glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), router_scale=router_scale,
@@ -439,11 +465,11 @@ def offsets_from_counts(counts):
 
 
 def experts(x, expert_offsets, w1, w2, *, b1=None, b2=None, activation="swiglu", glu_layout="concat", glu_limit=7.0,
-            fuse_wgrad_accumulation=False, backward_overwrites_saved=False):
+            fuse_wgrad_accumulation=False, backward_overwrites_saved=True):
     """The experts alone on rows already grouped by expert: y_i = act(x_i W1[e]^T + b1[e]) W2[e]^T + b2[e] for the
     rows expert_offsets[e] .. expert_offsets[e+1] of x [P, H] (expert_offsets [E+1] int32, read on x's device, so
     P bounds the rows and the host never waits for the counts) -> y [P, H], 0 past expert_offsets[E]. The options
-    are moe()'s."""
+    are moe()'s (backward_overwrites_saved on by default: one backward per forward)."""
     options = dict(activation=_choice("activation", activation, ACTIVATIONS),
                    glu_layout=_choice("glu_layout", glu_layout, GLU_LAYOUTS), glu_limit=glu_limit,
                    backward_overwrites_saved=int(bool(backward_overwrites_saved)))

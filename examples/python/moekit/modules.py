@@ -63,14 +63,16 @@ class MoELayer(_ExpertWeights):
     dropped). router_bias=True (sigmoid router) keeps an fp32 selection bias `router_bias` and its `router_bias_ema`
     as buffers, moved by update_router_bias. Runs on CPU tensors (moekit's reference backend) and CUDA tensors (the
     CUDA backend). The options are those of moekit.functional.moe; with load_balance_coeff or z_loss_coeff set,
-    forward(x, return_aux_losses=True) also returns the router's AuxLosses for the training loss."""
+    forward(x, return_aux_losses=True) also returns the router's AuxLosses for the training loss.
+    backward_overwrites_saved (default on) allows one backward per forward: pass False to run a graph's backward
+    more than once (retain_graph=True, torch.autograd.gradcheck)."""
 
     FP32_BUFFERS = ("router_bias", "router_bias_ema")
 
     def __init__(self, hidden, intermediate, experts, top_k, device=None, dtype=None, *, router="softmax_topk",
                  renormalize=False, router_scale=1.0, router_bias=False, activation="swiglu", glu_layout="concat",
                  glu_limit=7.0, bias=False, router_experts=None, expert_begin=0, fuse_wgrad_accumulation=False,
-                 load_balance_coeff=0.0, z_loss_coeff=0.0, backward_overwrites_saved=False):
+                 load_balance_coeff=0.0, z_loss_coeff=0.0, backward_overwrites_saved=True):
         super().__init__()
         factory = dict(device=device, dtype=dtype)
         functional._choice("router", router, functional.ROUTERS)
@@ -122,11 +124,12 @@ class MoELayer(_ExpertWeights):
 class Experts(_ExpertWeights):
     """The experts of an MoE layer without router or combine, on rows already grouped by expert (what an
     expert-parallel framework runs between its all-to-all dispatch and combine): forward(x [P, hidden],
-    expert_offsets [experts + 1] int32) -> [P, hidden]. The options are those of moekit.functional.experts."""
+    expert_offsets [experts + 1] int32) -> [P, hidden]. The options are those of moekit.functional.experts
+    (backward_overwrites_saved on by default, as in MoELayer)."""
 
     def __init__(self, hidden, intermediate, experts, device=None, dtype=None, *, activation="swiglu",
                  glu_layout="concat", glu_limit=7.0, bias=False, fuse_wgrad_accumulation=False,
-                 backward_overwrites_saved=False):
+                 backward_overwrites_saved=True):
         super().__init__()
         self.fuse_wgrad_accumulation = fuse_wgrad_accumulation
         self.backward_overwrites_saved = backward_overwrites_saved

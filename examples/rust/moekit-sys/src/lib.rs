@@ -657,6 +657,11 @@ extern "C" {
     pub fn moekit_handle_destroy(handle: moekit_handle_t) -> moekit_status_t;
     pub fn moekit_plan_destroy(plan: moekit_plan_t) -> moekit_status_t;
     pub fn moekit_plan_workspace_size(plan: moekit_plan_t, bytes: *mut usize) -> moekit_status_t;
+    pub fn moekit_plan_layer_workspace_sizes(
+        plan: moekit_plan_t,
+        forward_bytes: *mut usize,
+        backward_bytes: *mut usize,
+    ) -> moekit_status_t;
     pub fn moekit_plan_saved_size(plan: moekit_plan_t, bytes: *mut usize) -> moekit_status_t;
     pub fn moekit_plan_describe(plan: moekit_plan_t, buf: *mut c_char, cap: usize) -> usize;
 
