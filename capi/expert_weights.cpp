@@ -31,6 +31,7 @@ void resolve_expert_fields(const moekit_handle& handle, moekit_moe_desc_t& d) {
   require_flag("has_b2", d.has_b2);
   require_flag("inference", d.inference);
   require_flag("backward_overwrites_saved", d.backward_overwrites_saved);
+  require_flag("backward_scratch_in_dw1", d.backward_scratch_in_dw1);
   require_float_dtype(handle, "dtype", d.dtype);
   d.weight_grad_dtype = resolve_out_dtype("weight_grad_dtype", d.weight_grad_dtype, d.dtype);
 }
@@ -65,7 +66,17 @@ void check_expert_backward(const TensorRules& r, const moekit_moe_desc_t& d, con
   TensorCheck(r, "dx", g.dx).dtype(d.dtype).shape({rows, ext.h}).used_if(g.compute_input_grad).check();
   const bool weights = g.compute_weight_grad != 0;
   const int32_t wg = d.weight_grad_dtype;
-  TensorCheck(r, "dw1", g.dw1).dtype(wg).shape({ext.e, ext.w, ext.h}).used_if(weights).check();
+  // backward_scratch_in_dw1: the backward may use dw1 as flat scratch before it writes dW1 there (beta 0).
+  const bool scratch = d.backward_scratch_in_dw1 != 0;
+  const char* why_scratch = "the plan has backward_scratch_in_dw1 = 1: dw1 holds the backward's scratch first";
+  if (scratch && !weights) throw_invalid(std::string("compute_weight_grad: must be 1 where ") + why_scratch);
+  if (scratch && g.beta_dw1 != 0.0) throw_invalid(std::string("beta_dw1: must be 0 where ") + why_scratch);
+  TensorCheck(r, "dw1", g.dw1)
+      .dtype(wg)
+      .shape({ext.e, ext.w, ext.h})
+      .contiguous_if(scratch, why_scratch)
+      .used_if(weights)
+      .check();
   TensorCheck(r, "db1", g.db1)
       .dtype(wg)
       .shape({ext.e, ext.w})

@@ -43,6 +43,16 @@ int64_t saturating_product(int64_t a, int64_t b) {
 
 bool rank_in_range(const moekit_tensor_t& t) { return t.rank >= 0 && t.rank <= MOEKIT_MAX_RANK; }
 
+// Every dimension that is stepped along follows the next one without a gap (row-major, dense).
+bool is_contiguous(const moekit_tensor_t& t) {
+  int64_t expected_stride = 1;
+  for (int32_t i = t.rank - 1; i >= 0; --i) {
+    if (t.shape[i] > 1 && t.stride[i] != expected_stride) return false;
+    expected_stride = saturating_product(expected_stride, t.shape[i]);
+  }
+  return true;
+}
+
 }  // namespace
 
 const char* dtype_name(int32_t dtype) {
@@ -148,6 +158,11 @@ TensorCheck& TensorCheck::used_if(bool used) {
   return *this;
 }
 
+TensorCheck& TensorCheck::contiguous_if(bool needed, const std::string& why) {
+  if (needed) why_contiguous_ = why;
+  return *this;
+}
+
 void TensorCheck::fail(const std::string& what) const { throw_invalid(std::string(name_) + ": " + what); }
 
 bool TensorCheck::check() const {
@@ -164,6 +179,7 @@ bool TensorCheck::check() const {
   else
     check_shape();
   check_strides();
+  if (!why_contiguous_.empty()) check_contiguous();
   check_extent();
   check_alignment();
   check_device();
@@ -208,14 +224,15 @@ void TensorCheck::check_flat() const {
   if (numel != count.value)
     fail("expected " + count.symbol + " = " + std::to_string(count.value) + " elements (read flat), got shape " +
          shape_text(t_));
-  // Read flat: every dimension must follow the next one without a gap.
-  int64_t expected_stride = 1;
-  for (int32_t i = t_.rank - 1; i >= 0; --i) {
-    if (t_.shape[i] > 1 && t_.stride[i] != expected_stride)
-      fail("is read flat, so it must be contiguous; strides " + stride_text(t_) + " with shape " + shape_text(t_) +
-           " are not");
-    expected_stride = saturating_product(expected_stride, t_.shape[i]);
-  }
+  if (!is_contiguous(t_))
+    fail("is read flat, so it must be contiguous; strides " + stride_text(t_) + " with shape " + shape_text(t_) +
+         " are not");
+}
+
+void TensorCheck::check_contiguous() const {
+  if (!is_contiguous(t_))
+    fail("must be contiguous (" + why_contiguous_ + "); strides " + stride_text(t_) + " with shape " +
+         shape_text(t_) + " are not");
 }
 
 void TensorCheck::check_strides() const {

@@ -61,6 +61,8 @@ class TensorCheck {
   TensorCheck& required_if(bool needed);  // when needed, required; otherwise the rule so far stays
   // When not used (e.g. a gradient the call does not compute), the tensor is neither checked nor touched.
   TensorCheck& used_if(bool used);
+  // When needed, the elements must follow each other without a gap (the memory is also used as one flat buffer).
+  TensorCheck& contiguous_if(bool needed, const std::string& why);
 
   // Runs every check; throws INVALID_VALUE naming the tensor. Returns whether the tensor is present and used.
   bool check() const;
@@ -70,6 +72,7 @@ class TensorCheck {
   void check_dtype() const;
   void check_shape() const;
   void check_flat() const;
+  void check_contiguous() const;
   void check_strides() const;
   void check_extent() const;
   void check_alignment() const;
@@ -83,6 +86,7 @@ class TensorCheck {
   std::vector<int32_t> dtypes_;
   std::vector<Extent> dims_;
   bool flat_ = false;
+  std::string why_contiguous_;  // empty: strides with gaps are fine
   Need need_ = Need::required;
   std::string why_absent_;
 };

@@ -111,7 +111,8 @@ MEMORY_NOTE = (
     "'-': not in the result file (older tools, or a case that did not run).")
 MEMORY_PYTHON_NOTE = (
     " moekit from Python runs the package's defaults: each direction allocates its own workspace, and the backward "
-    "writes dh over the saved h (backward_overwrites_saved).")
+    "writes dh over the saved h (backward_overwrites_saved) and keeps its scratch in dW1 where that is as large "
+    "(backward_scratch_in_dw1).")
 GPU_TIME_NOTE = (
     "Every ratio is SonicMoE's time / moekit's (above 1: moekit is faster). Events: CUDA events per call, what a "
     "caller waits for (moekit-bench's C++ launches; SonicMoE's Python layer with its host gaps). GPU time: the "

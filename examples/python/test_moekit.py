@@ -159,8 +159,8 @@ class CustomOps(unittest.TestCase):
         x, w_router, w1, b1 = leaf(8, 16), leaf(4, 16), leaf(4, 16, 16), leaf(4, 16)
         w2, b2 = leaf(4, 16, 8), leaf(4, 16)
         # The options in the order of functional.MOE: top_k, router, renormalize, expert_begin, activation,
-        # glu_layout, weight_grad_dtype, backward_overwrites_saved; router_scale, glu_limit, load_balance_coeff,
-        # z_loss_coeff.
+        # glu_layout, weight_grad_dtype, backward_overwrites_saved, backward_scratch_in_dw1; router_scale, glu_limit,
+        # load_balance_coeff, z_loss_coeff.
         router_bias = torch.rand(4)
         # Training fills the saved-activation buffer, whose bytes the library does not all write (only what the
         # backward reads), so the check that compares every output of two runs is left to the inference plan
@@ -169,10 +169,10 @@ class CustomOps(unittest.TestCase):
         for training in (True, False):
             checks = training_checks if training else training_checks + ("test_aot_dispatch_dynamic",)
             x, w_router, w1, b1, w2, b2 = (t.detach().requires_grad_(training) for t in (x, w_router, w1, b1, w2, b2))
-            options = ([2, 3, 1, 0, 0, 1, 0, 0], [2.0, 7.0, 0.0, 0.0])
+            options = ([2, 3, 1, 0, 0, 1, 0, 0, 0], [2.0, 7.0, 0.0, 0.0])
             torch.library.opcheck(torch.ops.moekit.moe_forward.default,
                                   (x, w_router, router_bias, w1, b1, w2, b2, *options, training), test_utils=checks)
-            options = ([2, 0, 0, 0, 0, 0, 0, 0], [1.0, 7.0, 0.0, 0.0])
+            options = ([2, 0, 0, 0, 0, 0, 0, 0, 0], [1.0, 7.0, 0.0, 0.0])
             torch.library.opcheck(torch.ops.moekit.moe_forward.default,
                                   (x, w_router, None, w1, None, w2, None, *options, training), test_utils=checks)
 

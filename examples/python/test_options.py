@@ -373,6 +373,63 @@ class BackwardAllocations(Case):
         self.assertIn((torch.int64, (T, K)), made)  # the indices'
 
 
+class ScratchInDw1(Case):
+    """The MoE layer and the experts make their plan with backward_scratch_in_dw1 exactly where the backward
+    allocates dW1 itself (w1 needs its gradient, no fused accumulation, a training forward): its rules on the call
+    (the weight gradients computed, beta_dw1 0, a contiguous dw1) then always hold, on the reference backend too."""
+
+    def _flags(self, fn):
+        """backward_scratch_in_dw1 of the layer plans fn() asks for."""
+        flags, original = [], _runtime.plan_for
+
+        def plan_for(device, create, desc_type, desc_init, fields):
+            if "backward_scratch_in_dw1" in fields:
+                flags.append(fields["backward_scratch_in_dw1"])
+            return original(device, create, desc_type, desc_init, fields)
+
+        _runtime.plan_for = plan_for
+        try:
+            fn()
+        finally:
+            _runtime.plan_for = original
+        return flags
+
+    def _step(self, inputs, dout, frozen=(), fused=False):
+        """The gradients of one forward + backward of the MoE layer with the inputs in `frozen` needing none."""
+        leaves = {name: to_device(t.clone()).requires_grad_(name not in frozen) for name, t in inputs.items()}
+        for name in ("w_router", "w1", "b1", "w2", "b2") if fused else ():
+            if name not in frozen:
+                leaves[name].main_grad = torch.zeros_like(leaves[name], dtype=layer_checks.WIDE)
+        x, w_router, w1, w2 = (leaves.pop(name) for name in ("x", "w_router", "w1", "w2"))
+        leaves.update(x=x, w_router=w_router, w1=w1, w2=w2)
+        out = moekit.moe(x, w_router, w1, w2, K, b1=leaves["b1"], b2=leaves["b2"], fuse_wgrad_accumulation=fused)
+        (out.float() * dout.float()).sum().backward()
+        return {name: (t.main_grad if fused and name != "x" and name not in frozen else t.grad)
+                for name, t in leaves.items()}
+
+    def test_the_flag_follows_who_allocates_dw1(self):
+        grads = {}
+        inputs, dout = _moe_inputs(dtype=layer_checks.DTYPE), to_device(_randn(T, H))
+        for case, options, want in (("default", {}, [1, 1]), ("fused", dict(fused=True), [0, 0]),
+                                     ("w1 frozen", dict(frozen=("w1",)), [0, 0])):
+            with self.subTest(case=case):
+                step = lambda: grads.setdefault(case, self._step(inputs, dout, **options))  # noqa: E731
+                self.assertEqual(self._flags(step), want)
+        # The same gradients whichever plan ran: the scratch leaves no trace in dW1 or anything else.
+        for name in ("x", "w_router", "w2", "b1", "b2"):
+            self.assertTrue(torch.equal(grads["w1 frozen"][name], grads["default"][name]), name)
+        assert_close(grads["fused"]["w1"].to(grads["default"]["w1"].dtype), grads["default"]["w1"])
+        inputs = {name: to_device(t) for name, t in _moe_inputs().items()}
+        with torch.no_grad():
+            self.assertEqual(self._flags(lambda: _moe(**{n: inputs[n] for n in ("x", "w_router", "w1", "w2")})), [0])
+
+    def test_the_experts_take_the_flag_too(self):
+        x16, offsets = to_device((_randn(16, H), ExpertsOnGroupedRows.OFFSETS))
+        w1, w2 = (to_device(t).requires_grad_() for t in (_randn(4, 2 * I, H, scale=0.5), _randn(4, H, I, scale=0.5)))
+        step = lambda: moekit.experts(x16, offsets, w1, w2).float().square().sum().backward()  # noqa: E731
+        self.assertEqual(self._flags(step), [1, 1])
+
+
 class WorkspaceSizes(Case):
     """A layer's forward and backward each take the workspace of their direction (moekit_plan_layer_workspace_sizes),
     the building blocks the plan's one workspace size. The reference backend needs no workspace (all sizes 0): the

@@ -607,6 +607,10 @@ typedef struct moekit_moe_desc {
   int32_t backward_overwrites_saved; /* 1: the backward may write dh over the saved h, so the workspace needs no
                                         room for dh ([P, 2I]) and saved serves ONE backward call (it is spent after
                                         it); default 0 */
+  int32_t backward_scratch_in_dw1; /* 1: the backward may keep its scratch (a', dxe) in dw1 before it writes dW1
+                                      there, so the workspace needs no room for it where dw1 is as large; each
+                                      backward call then computes the weight gradients into a contiguous dw1 with
+                                      beta_dw1 = 0 (docs/api.md); default 0 */
   /* The router's auxiliary losses, as in moekit_router_desc_t (docs/math.md section 1.1); 0 (default) = off. Their
    * gradients enter dlogits, hence dx and dWr. */
   double load_balance_coeff;
@@ -671,7 +675,10 @@ MOEKIT_API moekit_status_t moekit_moe_forward(moekit_plan_t plan, const moekit_m
  * the input- and weight-gradient calls may come in either order. A plan with backward_overwrites_saved = 1 is the
  * exception: its backward writes dh over h and marks `saved` spent, so one backward call per forward computes
  * every gradient wanted; a second backward of the same buffer is INVALID_VALUE on the reference backend and
- * undefined on the CUDA backend (which never reads the header back: that would synchronise). */
+ * undefined on the CUDA backend (which never reads the header back: that would synchronise). A plan with
+ * backward_scratch_in_dw1 = 1 needs compute_weight_grad = 1, beta_dw1 = 0 and a contiguous dw1 in every backward
+ * call (else INVALID_VALUE naming the argument): before it writes dW1, the CUDA backend keeps a' and dxe there
+ * when dw1 holds at least as many bytes, and the workspace has no section for them. */
 MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_moe_bwd_args_t* args,
                                                const void* saved, size_t saved_bytes, void* workspace,
                                                size_t workspace_bytes, void* stream);
@@ -683,8 +690,8 @@ MOEKIT_API moekit_status_t moekit_moe_backward(moekit_plan_t plan, const moekit_
 /* y_i = act(x_i W1[e]^T + b1[e]) W2[e]^T + b2[e] for each grouped row i of expert e; no router, no scores,
  * no combine: what an expert-parallel framework runs between its all-to-all dispatch and combine. Uses the
  * fields hidden, intermediate, experts, activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
- * weight_grad_dtype, backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t, and max_tokens
- * as the row bound P. */
+ * weight_grad_dtype, backward_overwrites_saved, backward_scratch_in_dw1 (as moekit_moe_backward says) of
+ * moekit_moe_desc_t, and max_tokens as the row bound P. */
 MOEKIT_API moekit_status_t moekit_experts_plan_create(moekit_handle_t handle, const moekit_moe_desc_t* desc,
                                                       moekit_plan_t* plan);
 
@@ -732,8 +739,8 @@ MOEKIT_API moekit_status_t moekit_experts_backward(moekit_plan_t plan, const moe
  * out_t = beta_out out_t: zeros with beta_out = 0, never garbage.
  * Uses the fields max_tokens (the bound of N), top_k (K >= 1, not bounded by experts), hidden, intermediate,
  * experts (the local experts E), activation, glu_layout, glu_limit, has_b1, has_b2, inference, dtype,
- * weight_grad_dtype and backward_overwrites_saved (as moekit_moe_backward says) of moekit_moe_desc_t; expert_begin
- * must be 0 (the ids are already local); the router fields are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
+ * weight_grad_dtype, backward_overwrites_saved and backward_scratch_in_dw1 (as moekit_moe_backward says) of
+ * moekit_moe_desc_t; expert_begin must be 0 (the ids are already local); the router fields are ignored. The workspace and saved sizes come from these bounds (P = max_tokens * top_k pairs), so one plan
  * serves every N in 0..max_tokens; all memory is the caller's.
  * Both backends compute it. The CUDA backend takes bf16 or fp16 storage with H and I multiples of 8 (other plans:
  * NOT_SUPPORTED) and gives the MoE layer's bits for out and the weight gradients on the same routing. The run

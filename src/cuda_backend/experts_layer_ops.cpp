@@ -1,7 +1,8 @@
 // The experts alone on pre-grouped rows (moekit_experts_*) on the CUDA backend: the MoE layer's expert MLP with no
 // router, no combine, every score 1. Forward: up GEMM (gated epilogue: h, a) -> down GEMM (+ b2) into y. Saved:
 // h. Backward: dgated GEMM (dy @ W2 with scores of 1 and the identity pair order: dh, a' = a) -> dx = dh W1
-// (beta_dx folded into the GEMM) and dW2 = dy^T a', dW1 = dh^T x, db1 = the sum of dh, db2 = the sum of dy.
+// (beta_dx folded into the GEMM) and dW2 = dy^T a', dW1 = dh^T x (over a' where that lies in dW1), db1 = the sum
+// of dh, db2 = the sum of dy.
 // The same rules as moe_layer_ops.cpp: one stream, the caller's memory only, no host synchronisation; the saved
 // header is written, not checked.
 #include <cuda_runtime.h>
@@ -29,8 +30,9 @@ ExpertMlpPlans experts_plans(const moekit_plan& layer) {
 struct ExpertsBuffers {
   void* scratch;
   size_t scratch_bytes;
-  void* h;  // saved (workspace in inference mode)
-  void* a;  // forward: a; backward: a' (= a, every score being 1)
+  void* h;        // saved (workspace in inference mode)
+  void* a;        // forward: a; backward: a' (= a, every score being 1), unset when a_in_dw1
+  bool a_in_dw1;  // backward: a' in the caller's dW1, which the dW1 GEMM writes last (beta 0)
   float *ones, *ds;
   int32_t* iota;
   void* dh;
@@ -51,7 +53,9 @@ ExpertsBuffers experts_buffers(const moekit_plan& layer, void* workspace, void* 
   Carve sv(saved, kSavedHeaderBytes);
   b.h = (d.inference ? ws : sv).take(static_cast<size_t>(P * hw) * es);
   b.saved_end = d.inference ? 0 : sv.end();
-  b.a = ws.take(static_cast<size_t>(P * d.intermediate) * es);
+  const size_t a_bytes = static_cast<size_t>(P * d.intermediate) * es;
+  b.a_in_dw1 = backward && scratch_fits_dw1(d, a_bytes);
+  if (!b.a_in_dw1) b.a = ws.take(a_bytes);
   if (backward) {
     b.ones = ws.take<float>(P);
     b.ds = ws.take<float>(P);
@@ -112,7 +116,7 @@ void CudaBackend::experts_backward(const moekit_plan& plan, const moekit_experts
   layers::fill_ones_and_iota(b.ones, b.iota, P, stream);
   moekit_gemm_args_t dg = gemm_args(args.dy, args.w2, args.offsets, device_view(b.dh, d.dtype, {P, hw}, dev));
   dg.h = device_view(b.h, d.dtype, {P, hw}, dev);
-  dg.act = device_view(b.a, d.dtype, {P, d.intermediate}, dev);
+  dg.act = device_view(b.a_in_dw1 ? args.dw1.data : b.a, d.dtype, {P, d.intermediate}, dev);
   dg.row_scale = device_view(b.ones, MOEKIT_DTYPE_FP32, {P}, dev);
   dg.pair_idx = device_view(b.iota, MOEKIT_DTYPE_INT32, {P}, dev);
   dg.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {P}, dev);

@@ -102,6 +102,15 @@ inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ?
 // The width of h: 2I for a gated activation, I otherwise.
 inline int64_t h_width(const moekit_moe_desc_t& d) { return gated_input_width(d.activation, d.intermediate); }
 
+// Whether the backward keeps `bytes` of scratch in the caller's dW1 [E, hw, H] rather than in the workspace: the
+// plan allows it (backward_scratch_in_dw1: dW1 contiguous, written with beta 0 by the dW1 GEMM, the backward's
+// last step that touches it) and dW1 is as large.
+inline bool scratch_fits_dw1(const moekit_moe_desc_t& d, size_t bytes) {
+  const size_t dw1_elements = static_cast<size_t>(d.experts * h_width(d) * d.hidden);
+  const size_t dw1_bytes = dw1_elements * storage_bytes(d.weight_grad_dtype);
+  return d.backward_scratch_in_dw1 != 0 && dw1_bytes >= bytes;
+}
+
 // The row bounds of a layer's grouped GEMMs: the grouped rows P and the rows of a gathered source (T).
 struct GroupedRows {
   int64_t grouped, source;

@@ -44,7 +44,9 @@ void take_routed_scratch(Carve& ws, const moekit_moe_desc_t& d, bool backward, R
   b.ds = ws.take<float>(P);
   b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * h_width(d)) * es);
   // One section for a' and dxe: dW2 reads a' last and runs before the dxe GEMM writes (routed_backward).
-  b.a_scaled = b.dxe = ws.take(static_cast<size_t>(P * std::max(d.intermediate, d.hidden)) * es);
+  const size_t a_dxe_bytes = static_cast<size_t>(P * std::max(d.intermediate, d.hidden)) * es;
+  b.scratch_in_dw1 = scratch_fits_dw1(d, a_dxe_bytes);
+  if (!b.scratch_in_dw1) b.a_dxe = ws.take(a_dxe_bytes);
 }
 
 RoutedCall routed_call(CudaBackend& backend, const moekit_plan& layer, const RoutedPlans& plans,
@@ -86,6 +88,7 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
   const int64_t T = g.indices.shape[0], K = g.indices.shape[1], P = T * K, hw = h_width(d);
   const int dev = call.device;
   CudaBackend& run = call.backend;
+  void* const a_dxe = b.scratch_in_dw1 ? a.dw1.data : b.a_dxe;
 
   // ds of a dropped pair stays 0: the dgated epilogue writes only the grouped rows' pairs.
   if (P > 0)
@@ -93,7 +96,7 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
   moekit_gemm_args_t dg = gemm_args(a.dout, a.w2, g.expert_offsets, device_view(b.dh, d.dtype, {P, hw}, dev));
   dg.gather_idx = g.gather_idx;
   dg.h = device_view(b.h, d.dtype, {P, hw}, dev);
-  dg.act = device_view(b.a_scaled, d.dtype, {P, d.intermediate}, dev);
+  dg.act = device_view(a_dxe, d.dtype, {P, d.intermediate}, dev);
   dg.row_scale = device_view(a.weights.data, MOEKIT_DTYPE_FP32, {P}, dev);
   dg.pair_idx = g.pair_idx;
   dg.dscores = device_view(b.ds, MOEKIT_DTYPE_FP32, {P}, dev);
@@ -123,7 +126,7 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
 
   if (a.input_grad) {
     const moekit_gemm_args_t dx_e =
-        gemm_args(dg.c, a.w1, g.expert_offsets, device_view(b.dxe, d.dtype, {P, d.hidden}, dev));
+        gemm_args(dg.c, a.w1, g.expert_offsets, device_view(a_dxe, d.dtype, {P, d.hidden}, dev));
     run.gemm(p.mlp.dxe, dx_e, call.scratch, call.stream);
     run.combine(p.combine, combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, a.dx, a.beta_dx), call.scratch,
                 call.stream);

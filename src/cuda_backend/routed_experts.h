@@ -5,7 +5,7 @@
 // Forward: dispatch of the [T, K] ids -> up GEMM (x rows gathered, gated epilogue: h, a) -> down GEMM (+ b2: y)
 // -> combine of the weighted y into out. Backward, on the forward's saved dispatch and h: dgated GEMM (dout rows
 // gathered @ W2: dh, a' = s a, ds = dA . a) -> db2 and ds += dout . b2 -> dW2 = dout^T a' -> input gradient:
-// dxe = dh W1 (over a'), dx = beta dx + sum of dxe -> dW1 = dh^T x, db1.
+// dxe = dh W1 (over a'), dx = beta dx + sum of dxe -> dW1 = dh^T x (over a' and dxe where they lie in dW1), db1.
 // One stream, the caller's memory only, no host synchronisation.
 #pragma once
 
@@ -38,13 +38,15 @@ RoutedPlans routed_plans(const moekit_plan& layer);
 
 // The grouped buffers of P pairs. Saved (the workspace in inference mode): the dispatch's CSR, which the backward
 // reads instead of dispatching again, and h. The forward's scratch: a and y; the backward's: ds, dh, and a' with
-// dxe in one section.
+// dxe in one section, a workspace section or the caller's dW1 (scratch_in_dw1).
 struct RoutedBuffers {
   Routing routing;
   void* h;
   void *a, *y;
   float* ds;  // [T, K]: 0 for a dropped pair
-  void *dh, *a_scaled, *dxe;
+  void* dh;
+  void* a_dxe;          // a' [P, I], then dxe [P, H]; unset when scratch_in_dw1
+  bool scratch_in_dw1;  // a' and dxe in the caller's dW1, which the dW1 GEMM writes last (beta 0)
 };
 
 void take_routed_saved(Carve& kept, const moekit_moe_desc_t& d, RoutedBuffers& b);

@@ -871,6 +871,8 @@ const std::vector<DescCase>& bad_descriptors() {
       {"inference:", with<M>(moe_desc, [](M& d) { d.inference = -1; }, moekit_moe_plan_create)},
       {"backward_overwrites_saved:", with<M>(moe_desc, [](M& d) { d.backward_overwrites_saved = 2; },
                                              moekit_moe_plan_create)},
+      {"backward_scratch_in_dw1:", with<M>(moe_desc, [](M& d) { d.backward_scratch_in_dw1 = -1; },
+                                           moekit_experts_plan_create)},
       {"weight_grad_dtype:", with<M>(moe_desc, [](M& d) { d.weight_grad_dtype = MOEKIT_DTYPE_FP16; },
                                      moekit_moe_plan_create)},
       {"dtype:", with<M>(moe_desc, [](M& d) { d.dtype = MOEKIT_DTYPE_FP8_E4M3; }, moekit_moe_plan_create)},
@@ -1109,6 +1111,50 @@ TEST_CASE("tensors required or forbidden by the plan's flags", "[capi]") {
     f.args.compute_weight_grad = 2;
     expect_rejected(f, [] {}, [] {}, MOEKIT_STATUS_INVALID_VALUE, "compute_weight_grad:");
     f.args.dw1 = dw1;
+  }
+}
+
+// The plan of `f` made again from `d` with backward_scratch_in_dw1 = 1 (by `create`); then each rule that flag
+// sets on a backward call is broken once: refused by name, nothing written.
+template <class Args>
+void check_scratch_in_dw1_rules(moekit_handle_t h, OpFixture<Args>& f, moekit_moe_desc_t d,
+                                moekit_status_t (*create)(moekit_handle_t, const moekit_moe_desc_t*, moekit_plan_t*)) {
+  d.backward_scratch_in_dw1 = 1;
+  moekit_plan_t scratch = nullptr;
+  MOEKIT_REQUIRE_OK(create(h, &d, &scratch));
+  std::swap(f.plan, scratch);
+  make_saved(f);
+  const char* why = "the plan has backward_scratch_in_dw1 = 1";
+  expect_rejected(
+      f, [&] { f.args.compute_weight_grad = 0; }, [&] { f.args.compute_weight_grad = 1; },
+      MOEKIT_STATUS_INVALID_VALUE, std::string("compute_weight_grad: must be 1 where ") + why);
+  expect_rejected(
+      f, [&] { f.args.beta_dw1 = 0.5; }, [&] { f.args.beta_dw1 = 0.0; }, MOEKIT_STATUS_INVALID_VALUE,
+      std::string("beta_dw1: must be 0 where ") + why);
+  // Rows twice apart: a valid strided view (the plan without the flag takes it), not one flat buffer.
+  expect_rejected(
+      f, [&] { f.args.dw1.stride[0] *= 2; }, [&] { f.args.dw1.stride[0] /= 2; }, MOEKIT_STATUS_INVALID_VALUE,
+      std::string("dw1: must be contiguous (") + why);
+  std::swap(f.plan, scratch);
+  moekit_plan_destroy(scratch);
+}
+
+TEST_CASE("backward_scratch_in_dw1: each backward computes dW1 with beta 0 into a contiguous dw1", "[capi]") {
+  ReferenceHandle h(2);
+  {
+    auto owner = moe_backward(h.handle);
+    check_scratch_in_dw1_rules(h.handle, as<moekit_moe_bwd_args_t>(*owner), moe_desc(), moekit_moe_plan_create);
+  }
+  {
+    auto owner = experts_backward(h.handle);
+    moekit_moe_desc_t d = moe_desc();
+    d.max_tokens = 12;
+    check_scratch_in_dw1_rules(h.handle, as<moekit_experts_bwd_args_t>(*owner), d, moekit_experts_plan_create);
+  }
+  {
+    auto owner = token_experts_backward(h.handle);
+    check_scratch_in_dw1_rules(h.handle, as<moekit_token_experts_bwd_args_t>(*owner), token_experts_desc(),
+                               moekit_token_experts_plan_create);
   }
 }
 

@@ -163,6 +163,7 @@ std::vector<Field> fields_of(int kind, Descriptors& d) {
               field("dtype", m.dtype),
               field("weight_grad_dtype", m.weight_grad_dtype),
               field("backward_overwrites_saved", m.backward_overwrites_saved),
+              field("backward_scratch_in_dw1", m.backward_scratch_in_dw1),
               field("load_balance_coeff", m.load_balance_coeff),
               field("z_loss_coeff", m.z_loss_coeff)};
     }

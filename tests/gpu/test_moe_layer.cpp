@@ -40,6 +40,7 @@ struct Config {
   bool split_backward = false;  // the input gradient and the weight gradients in two backward calls
   bool accumulate = false;      // every gradient's beta = 1 over random old values (instead of poison)
   bool overwrite_saved = false; // backward_overwrites_saved: dh written over the saved h
+  bool scratch_in_dw1 = false;  // backward_scratch_in_dw1: a' and dxe in dW1 first (one call, beta 0)
   moekit_dtype_t weight_grad_dtype = MOEKIT_DTYPE_INVALID;  // INVALID: the storage dtype
   // The router's auxiliary losses (docs/math.md section 1.1); their upstream gradients are 0.75 and 3.
   double load_balance_coeff = 0, z_loss_coeff = 0;
@@ -55,8 +56,8 @@ struct Config {
       << router_experts << " e0 " << expert_begin << " K " << top_k << " dtype " << dtype << " beta_out "
       << beta_out << (one_expert_takes_all ? " one expert takes all" : "") << (inference ? " inference" : "")
       << (split_backward ? " split backward" : "") << (accumulate ? " accumulate" : "")
-      << (overwrite_saved ? " overwrite saved" : "") << " weight grads " << wg_dtype() << " lb " << load_balance_coeff
-      << " z " << z_loss_coeff;
+      << (overwrite_saved ? " overwrite saved" : "") << (scratch_in_dw1 ? " scratch in dW1" : "") << " weight grads "
+      << wg_dtype() << " lb " << load_balance_coeff << " z " << z_loss_coeff;
     return s.str();
   }
 };
@@ -130,6 +131,7 @@ moekit_moe_desc_t layer_desc(const Config& c) {
   d.inference = c.inference;
   d.weight_grad_dtype = c.weight_grad_dtype;
   d.backward_overwrites_saved = c.overwrite_saved;
+  d.backward_scratch_in_dw1 = c.scratch_in_dw1;
   d.load_balance_coeff = c.load_balance_coeff;
   d.z_loss_coeff = c.z_loss_coeff;
   return d;
@@ -286,6 +288,19 @@ void require_bitwise_reruns(const Config& c, uint64_t seed) {
     require_same_bits(first, again);
   }
   cudaStreamDestroy(stream);
+}
+
+// The MoE layer without and with the Config flag `option`: the same bits in every output and gradient. Returns by
+// how many bytes the flag shrinks the backward's workspace.
+size_t moe_saving_with(Config c, Inputs& in, Handles& h, bool Config::*option) {
+  c.*option = false;
+  const Outputs plain = run_moe(h.cuda, true, c, in);
+  c.*option = true;
+  const Outputs with = run_moe(h.cuda, true, c, in);
+  require_same_bits(plain, with);
+  REQUIRE(with.dw2.bytes_equal(plain.dw2));
+  REQUIRE(with.db2.bytes_equal(plain.db2));
+  return plain.backward_workspace_bytes - with.backward_workspace_bytes;
 }
 
 }  // namespace
@@ -572,6 +587,21 @@ ExpertsOutputs run_experts(moekit_handle_t handle, bool device, const Config& c,
   return o;
 }
 
+// The experts-only layer on c's rows, split evenly over the experts, without and with the Config flag `option`:
+// the same bits. Returns by how many bytes the flag shrinks the backward's workspace.
+size_t experts_saving_with(Config c, Inputs& in, Handles& h, bool Config::*option) {
+  HostTensor offsets(MOEKIT_DTYPE_INT32, {c.experts + 1});
+  for (int64_t i = 0; i <= c.experts; ++i) offsets.set(i, static_cast<double>(i * c.tokens / c.experts));
+  c.*option = false;
+  const ExpertsOutputs plain = run_experts(h.cuda, true, c, in, offsets, c.tokens);
+  c.*option = true;
+  const ExpertsOutputs with = run_experts(h.cuda, true, c, in, offsets, c.tokens);
+  for (HostTensor ExpertsOutputs::*t : {&ExpertsOutputs::y, &ExpertsOutputs::dx, &ExpertsOutputs::dw1,
+                                        &ExpertsOutputs::db1, &ExpertsOutputs::dw2, &ExpertsOutputs::db2})
+    REQUIRE((plain.*t).bytes_equal(with.*t));
+  return plain.backward_workspace_bytes - with.backward_workspace_bytes;
+}
+
 }  // namespace
 
 // Grouped rows with counts 0, 1, 127, 128, 129 and others (tile +- 1 for both tile heights), three rows past
@@ -633,27 +663,52 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
     std::mt19937_64 rng(41);
     Inputs in(c, rng);
     Handles h;
-    const Outputs plain = run_moe(h.cuda, true, c, in);
-    c.overwrite_saved = true;
-    const Outputs over = run_moe(h.cuda, true, c, in);
-    require_same_bits(plain, over);
-    REQUIRE(over.dw2.bytes_equal(plain.dw2));
     const size_t dh_bytes = static_cast<size_t>((c.tokens + 3) * c.top_k * c.hw()) * 2;
-    REQUIRE(plain.backward_workspace_bytes - over.backward_workspace_bytes == (dh_bytes + 255) / 256 * 256);
-
-    // The experts-only layer on the same rows, split evenly over the experts.
-    Config e = c;
-    e.overwrite_saved = false;
-    HostTensor offsets(MOEKIT_DTYPE_INT32, {e.experts + 1});
-    for (int64_t i = 0; i <= e.experts; ++i) offsets.set(i, static_cast<double>(i * e.tokens / e.experts));
-    const ExpertsOutputs plain_experts = run_experts(h.cuda, true, e, in, offsets, e.tokens);
-    e.overwrite_saved = true;
-    const ExpertsOutputs over_experts = run_experts(h.cuda, true, e, in, offsets, e.tokens);
-    for (HostTensor ExpertsOutputs::*t : {&ExpertsOutputs::y, &ExpertsOutputs::dx, &ExpertsOutputs::dw1,
-                                          &ExpertsOutputs::db1, &ExpertsOutputs::dw2, &ExpertsOutputs::db2})
-      REQUIRE((plain_experts.*t).bytes_equal(over_experts.*t));
-    REQUIRE(over_experts.backward_workspace_bytes < plain_experts.backward_workspace_bytes);
+    REQUIRE(moe_saving_with(c, in, h, &Config::overwrite_saved) == (dh_bytes + 255) / 256 * 256);
+    REQUIRE(experts_saving_with(c, in, h, &Config::overwrite_saved) > 0);
   }
+}
+
+// a' and dxe in the caller's dW1: the same bits as with them in the workspace, whose [P, max(I, H)] section is gone
+// where dW1 [E, 2I, H] is as large (few, wide experts: 8 * 272 * 256 elements against 160 * 256); where it is
+// smaller (4 * 80 * 64 against 806 * 64, also in fp32) the workspace keeps the section. With and without dh over
+// the saved h; the experts-only layer loses its a' section ([P, I]) the same way.
+TEST_CASE("CUDA MoE layer: backward_scratch_in_dw1 gives the same bits from a smaller workspace",
+          "[gpu][layer][moe][sanitize]") {
+  struct Shape {
+    int64_t tokens, hidden, inter, experts;
+    bool fits;
+  };
+  for (const Shape& s : {Shape{77, 256, 136, 8, true}, Shape{400, 64, 40, 4, false}})
+    for (bool overwrite : {false, true})
+      for (moekit_dtype_t wg : {MOEKIT_DTYPE_INVALID, MOEKIT_DTYPE_FP32}) {
+        Config c;
+        c.tokens = s.tokens;
+        c.hidden = s.hidden;
+        c.inter = s.inter;
+        c.router_experts = c.experts = s.experts;
+        c.overwrite_saved = overwrite;
+        c.weight_grad_dtype = wg;
+        INFO(c.describe());
+        std::mt19937_64 rng(43);
+        Inputs in(c, rng);
+        Handles h;
+        const size_t section = static_cast<size_t>((c.tokens + 3) * c.top_k * std::max(c.inter, c.hidden)) * 2;
+        REQUIRE(moe_saving_with(c, in, h, &Config::scratch_in_dw1) == (s.fits ? (section + 255) / 256 * 256 : 0));
+        if (wg != MOEKIT_DTYPE_INVALID) continue;
+        // The experts-only layer: [P, I] only, which fits in both shapes' dW1 (400 * 40 < 4 * 80 * 64).
+        const size_t a_section = static_cast<size_t>(c.tokens * c.inter) * 2;
+        REQUIRE(c.experts * c.hw() * c.hidden >= c.tokens * c.inter);
+        REQUIRE(experts_saving_with(c, in, h, &Config::scratch_in_dw1) == (a_section + 255) / 256 * 256);
+      }
+  // Against the reference backend, which takes the same flag (and the same rules on the call).
+  Config c;
+  c.tokens = 77;
+  c.hidden = 256;
+  c.inter = 136;
+  c.overwrite_saved = true;
+  c.scratch_in_dw1 = true;
+  check_moe(c, 44);
 }
 
 TEST_CASE("CUDA MoE layer with the auxiliary router losses matches the reference", "[gpu][layer][moe][aux_losses]") {

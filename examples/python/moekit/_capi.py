@@ -84,6 +84,7 @@ class MoeDesc(ctypes.Structure):
         ("dtype", c_int32),
         ("weight_grad_dtype", c_int32),
         ("backward_overwrites_saved", c_int32),
+        ("backward_scratch_in_dw1", c_int32),
         ("load_balance_coeff", c_double),
         ("z_loss_coeff", c_double),
     ]

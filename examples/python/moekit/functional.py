@@ -136,7 +136,8 @@ def _sparse_extras(t, options):
                 counts=x.new_empty((t["w_gate"].shape[0] // options["group_size"],), dtype=torch.int32))
 
 
-_EXPERT_OPTIONS = ("activation", "glu_layout", "weight_grad_dtype", "backward_overwrites_saved")
+_EXPERT_OPTIONS = ("activation", "glu_layout", "weight_grad_dtype", "backward_overwrites_saved",
+                   "backward_scratch_in_dw1")
 MOE = _LayerSpec("moe", "moe", _capi.MoeDesc, "moekit_moe_desc_init", _capi.MoeFwdArgs, _capi.MoeBwdArgs,
                  inputs=("x", "w_router", "router_bias", "w1", "b1", "w2", "b2"),
                  weights=("w_router", "w1", "b1", "w2", "b2"), bwd_inputs=("x", "w_router", "w1", "w2", "b2"),
@@ -194,6 +195,10 @@ def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, 
     a second one over it raises MoekitError (_runtime.spend_saved)."""
     grad_into = grad_into or {}
     loss_grads = loss_grads or {}
+    # A plan with backward_scratch_in_dw1 computes the weight gradients in every backward (its rule on the call): a
+    # call for the input gradient alone (the backward op called directly) computes them too and drops them.
+    dropped = bool(options.get("backward_scratch_in_dw1")) and not weight_grad
+    weight_grad = weight_grad or dropped
     plan = spec.plan(tensors, options, inference=False)
     x = tensors["x"]
     if dout is None:
@@ -233,7 +238,7 @@ def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, 
         _runtime.spend_saved(saved, call)
     else:
         call()
-    return dx, grads
+    return dx, {} if dropped else grads
 
 
 def _fused_grad(weight):
@@ -407,6 +412,10 @@ def _apply(spec, tensors, options, fused):
     training = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors.values())
     # 0 = MOEKIT_DTYPE_INVALID: the gradients in the layer's dtype.
     options["weight_grad_dtype"] = _main_grad_dtype(spec, tensors) if fused and training else 0
+    if "backward_scratch_in_dw1" in spec.int_options:
+        # dW1 is then allocated by the backward (beta 0), which may keep its scratch there first: the workspace
+        # shrinks by [T * top_k, max(I, H)] elements where dW1 is larger (moekit_moe_desc_t).
+        options["backward_scratch_in_dw1"] = int(training and not fused and tensors["w1"].requires_grad)
     owners = {name: tensors[name] for name in spec.weights
               if fused and tensors[name] is not None and tensors[name].requires_grad}
     tensors = {name: t.contiguous() if t is not None else None for name, t in tensors.items()}

@@ -414,6 +414,7 @@ pub struct moekit_moe_desc_t {
     pub dtype: i32,
     pub weight_grad_dtype: i32,
     pub backward_overwrites_saved: i32,
+    pub backward_scratch_in_dw1: i32,
     pub load_balance_coeff: f64,
     pub z_loss_coeff: f64,
 }
