@@ -400,9 +400,8 @@ class ScratchInDw1(Case):
         for name in ("w_router", "w1", "b1", "w2", "b2") if fused else ():
             if name not in frozen:
                 leaves[name].main_grad = torch.zeros_like(leaves[name], dtype=layer_checks.WIDE)
-        x, w_router, w1, w2 = (leaves.pop(name) for name in ("x", "w_router", "w1", "w2"))
-        leaves.update(x=x, w_router=w_router, w1=w1, w2=w2)
-        out = moekit.moe(x, w_router, w1, w2, K, b1=leaves["b1"], b2=leaves["b2"], fuse_wgrad_accumulation=fused)
+        out = moekit.moe(leaves["x"], leaves["w_router"], leaves["w1"], leaves["w2"], K, b1=leaves["b1"],
+                         b2=leaves["b2"], fuse_wgrad_accumulation=fused)
         (out.float() * dout.float()).sum().backward()
         return {name: (t.main_grad if fused and name != "x" and name not in frozen else t.grad)
                 for name, t in leaves.items()}
