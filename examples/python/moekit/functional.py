@@ -223,12 +223,13 @@ def backward_impl(spec, dout, tensors, saved, options, input_grad, weight_grad, 
         setattr(args, "d" + name, _runtime.view(grads[name]))
     args.compute_input_grad = int(input_grad)
     args.compute_weight_grad = int(weight_grad)
+    held = []  # the loss gradients' tensors: each view borrows its memory until the call returns
     for name, coeff in spec.losses.items():
         if options[coeff] != 0:
             grad = loss_grads.get(name)
             dtype = _loss_dtype(x)
-            grad = x.new_zeros(1, dtype=dtype) if grad is None else grad.reshape(1).to(dtype).contiguous()
-            setattr(args, "d" + name, _runtime.view(grad))
+            held.append(x.new_zeros(1, dtype=dtype) if grad is None else grad.reshape(1).to(dtype).contiguous())
+            setattr(args, "d" + name, _runtime.view(held[-1]))
 
     def call():
         _runtime.run(plan, spec.backward, args, _pointer(saved), saved.numel(), _pointer(workspace),
@@ -540,7 +541,8 @@ def dispatch(indices, experts, *, expert_begin=0, tok_offsets=None):
                       indices.new_zeros(pairs, dtype=torch.int32), indices.new_zeros(pairs, dtype=torch.int32),
                       indices.new_empty(pairs, dtype=torch.int32))
     args = _capi.initialised(_capi.DispatchArgs, "moekit_dispatch_args_init")
-    args.indices, args.tok_offsets = _runtime.view(indices.contiguous()), _runtime.view(tok_offsets)
+    indices = indices.contiguous()  # held: the view borrows its memory
+    args.indices, args.tok_offsets = _runtime.view(indices), _runtime.view(tok_offsets)
     for name, tensor in result._asdict().items():
         setattr(args, name, _runtime.view(tensor))
     workspace = _runtime.buffer(plan.workspace_bytes, indices.device)
