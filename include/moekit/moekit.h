@@ -608,7 +608,8 @@ typedef struct moekit_moe_desc {
                                         room for dh ([P, 2I]) and saved serves ONE backward call (it is spent after
                                         it); default 0 */
   int32_t backward_scratch_in_dw1; /* 1: the backward may keep its scratch (a', dxe) in dw1 before it writes dW1
-                                      there, so the workspace needs no room for it where dw1 is as large; each
+                                      there, so the workspace needs no room for it where dw1 is as large (the
+                                      CUDA backend splits dxe into column chunks to make it fit); each
                                       backward call then computes the weight gradients into a contiguous dw1 with
                                       beta_dw1 = 0 (docs/api.md); default 0 */
   /* The router's auxiliary losses, as in moekit_router_desc_t (docs/math.md section 1.1); 0 (default) = off. Their

@@ -99,6 +99,14 @@ inline moekit_tensor_t first_rows(moekit_tensor_t t, int64_t rows) {
 
 inline size_t storage_bytes(int32_t dtype) { return dtype == MOEKIT_DTYPE_FP32 ? 4 : 2; }
 
+// Columns [first, first + count) of `t`'s last dimension (same strides).
+inline moekit_tensor_t column_slice(moekit_tensor_t t, int64_t first, int64_t count) {
+  const int last = t.rank - 1;
+  t.data = static_cast<char*>(t.data) + static_cast<size_t>(first * t.stride[last]) * storage_bytes(t.dtype);
+  t.shape[last] = count;
+  return t;
+}
+
 // The width of h: 2I for a gated activation, I otherwise.
 inline int64_t h_width(const moekit_moe_desc_t& d) { return gated_input_width(d.activation, d.intermediate); }
 

@@ -11,8 +11,31 @@ namespace moekit {
 inline namespace v0 {
 namespace cuda {
 
+namespace {
+
+constexpr int64_t kMaxDxChunks = 4;
+
+// The columns of each dxe GEMM and dx combine: all of H, or, where the backward keeps a' and dxe in dW1 and a
+// [P, H] dxe does not fit there, H in the fewest equal chunks (at most kMaxDxChunks, whole 16-byte vectors) that let
+// the [P, max(I, chunk)] section fit. Each dx element has the same reduction either way: the chunks change no bits.
+int64_t dx_chunk_columns(const moekit_moe_desc_t& d) {
+  const int64_t P = d.max_tokens * d.top_k;
+  const size_t es = storage_bytes(d.dtype);
+  for (int64_t chunks = 1; chunks <= kMaxDxChunks && d.hidden % (8 * chunks) == 0; chunks *= 2) {
+    const int64_t columns = d.hidden / chunks;
+    if (scratch_fits_dw1(d, static_cast<size_t>(P * std::max(d.intermediate, columns)) * es)) return columns;
+  }
+  return d.hidden;
+}
+
+}  // namespace
+
 std::vector<std::pair<const char*, moekit_plan*>> RoutedPlans::used(bool backward) {
-  if (backward) return mlp.used(true);
+  if (backward) {
+    std::vector<std::pair<const char*, moekit_plan*>> all = mlp.used(true);
+    all.emplace_back("dx combine", &dx_combine);
+    return all;
+  }
   std::vector<std::pair<const char*, moekit_plan*>> all{{"dispatch", &dispatch}, {"combine", &combine}};
   for (const auto& named : mlp.used(false)) all.push_back(named);
   return all;
@@ -24,6 +47,9 @@ RoutedPlans routed_plans(const moekit_plan& layer) {
   p.dispatch = dispatch_plan(layer, d.max_tokens, d.top_k, d.experts, d.expert_begin);
   p.combine = combine_plan(layer, d.max_tokens, d.top_k, d.hidden, d.dtype);
   p.mlp = expert_mlp_plans(layer, GroupedRows{d.max_tokens * d.top_k, d.max_tokens}, true);
+  const int64_t dx_columns = dx_chunk_columns(d);
+  p.mlp.dxe.gemm.n = dx_columns;
+  p.dx_combine = combine_plan(layer, d.max_tokens, d.top_k, dx_columns, d.dtype);
   return p;
 }
 
@@ -44,7 +70,7 @@ void take_routed_scratch(Carve& ws, const moekit_moe_desc_t& d, bool backward, R
   b.ds = ws.take<float>(P);
   b.dh = take_dh(ws, b.h, d, static_cast<size_t>(P * h_width(d)) * es);
   // One section for a' and dxe: dW2 reads a' last and runs before the dxe GEMM writes (routed_backward).
-  const size_t a_dxe_bytes = static_cast<size_t>(P * std::max(d.intermediate, d.hidden)) * es;
+  const size_t a_dxe_bytes = static_cast<size_t>(P * std::max(d.intermediate, dx_chunk_columns(d))) * es;
   b.scratch_in_dw1 = scratch_fits_dw1(d, a_dxe_bytes);
   if (!b.scratch_in_dw1) b.a_dxe = ws.take(a_dxe_bytes);
 }
@@ -125,11 +151,16 @@ void routed_backward(const RoutedCall& call, const RoutedBackward& a) {
   }
 
   if (a.input_grad) {
-    const moekit_gemm_args_t dx_e =
-        gemm_args(dg.c, a.w1, g.expert_offsets, device_view(a_dxe, d.dtype, {P, d.hidden}, dev));
-    run.gemm(p.mlp.dxe, dx_e, call.scratch, call.stream);
-    run.combine(p.combine, combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, a.dx, a.beta_dx), call.scratch,
-                call.stream);
+    const int64_t columns = p.dx_combine.combine.hidden;
+    for (int64_t first = 0; first < d.hidden; first += columns) {
+      const moekit_gemm_args_t dx_e = gemm_args(dg.c, column_slice(a.w1, first, columns), g.expert_offsets,
+                                                device_view(a_dxe, d.dtype, {P, columns}, dev));
+      run.gemm(p.mlp.dxe, dx_e, call.scratch, call.stream);
+      run.combine(p.dx_combine,
+                  combine_args(dx_e.c, moekit_tensor_t{}, g.grouped_pos, column_slice(a.dx, first, columns),
+                               a.beta_dx),
+                  call.scratch, call.stream);
+    }
   }
 
   if (a.weight_grad) {

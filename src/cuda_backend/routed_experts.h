@@ -5,7 +5,8 @@
 // Forward: dispatch of the [T, K] ids -> up GEMM (x rows gathered, gated epilogue: h, a) -> down GEMM (+ b2: y)
 // -> combine of the weighted y into out. Backward, on the forward's saved dispatch and h: dgated GEMM (dout rows
 // gathered @ W2: dh, a' = s a, ds = dA . a) -> db2 and ds += dout . b2 -> dW2 = dout^T a' -> input gradient:
-// dxe = dh W1 (over a'), dx = beta dx + sum of dxe -> dW1 = dh^T x (over a' and dxe where they lie in dW1), db1.
+// dxe = dh W1 (over a'; by column chunks of dx where it must fit in dW1), dx = beta dx + sum of dxe -> dW1 = dh^T x
+// (over a' and dxe where they lie in dW1), db1.
 // One stream, the caller's memory only, no host synchronisation.
 #pragma once
 
@@ -28,7 +29,10 @@ namespace cuda {
 // max_tokens * top_k grouped rows.
 struct RoutedPlans {
   moekit_plan dispatch, combine;
-  ExpertMlpPlans mlp;
+  ExpertMlpPlans mlp;  // dxe: of dx_combine's width
+  // The backward's dxe GEMM and dx combine run once per chunk of dx's columns, of this plan's width (all of H
+  // unless a' and dxe must fit in dW1).
+  moekit_plan dx_combine;
 
   // The plans a forward, or a backward, runs (the backward reads the forward's dispatch).
   std::vector<std::pair<const char*, moekit_plan*>> used(bool backward);

@@ -670,16 +670,19 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
 }
 
 // a' and dxe in the caller's dW1: the same bits as with them in the workspace, whose [P, max(I, H)] section is gone
-// where dW1 [E, 2I, H] is as large (few, wide experts: 8 * 272 * 256 elements against 160 * 256); where it is
-// smaller (4 * 80 * 64 against 806 * 64, also in fp32) the workspace keeps the section. With and without dh over
-// the saved h; the experts-only layer loses its a' section ([P, I]) the same way.
+// where dW1 [E, 2I, H] is as large (few, wide experts: 8 * 272 * 256 elements against 160 * 256), or where it holds
+// [P, max(I, H / 2)], the dxe GEMM and its combine then running on two column halves of dx (in bf16: 8 * 128 * 256
+// against 1612 * 128; in fp32 dW1 holds 1612 * 256 whole); where it is smaller (4 * 80 * 64 against 806 * 64, also
+// in fp32, and 806 * 40 for any split) the workspace keeps the section. With and without dh over the saved h; the
+// experts-only layer loses its a' section ([P, I]) the same way.
 TEST_CASE("CUDA MoE layer: backward_scratch_in_dw1 gives the same bits from a smaller workspace",
           "[gpu][layer][moe][sanitize]") {
   struct Shape {
-    int64_t tokens, hidden, inter, experts;
+    int64_t tokens, hidden, inter, experts, top_k;
     bool fits;
   };
-  for (const Shape& s : {Shape{77, 256, 136, 8, true}, Shape{400, 64, 40, 4, false}})
+  for (const Shape& s :
+       {Shape{77, 256, 136, 8, 2, true}, Shape{400, 256, 64, 8, 4, true}, Shape{400, 64, 40, 4, 2, false}})
     for (bool overwrite : {false, true})
       for (moekit_dtype_t wg : {MOEKIT_DTYPE_INVALID, MOEKIT_DTYPE_FP32}) {
         Config c;
@@ -687,6 +690,7 @@ TEST_CASE("CUDA MoE layer: backward_scratch_in_dw1 gives the same bits from a sm
         c.hidden = s.hidden;
         c.inter = s.inter;
         c.router_experts = c.experts = s.experts;
+        c.top_k = s.top_k;
         c.overwrite_saved = overwrite;
         c.weight_grad_dtype = wg;
         INFO(c.describe());

@@ -415,7 +415,7 @@ def _apply(spec, tensors, options, fused):
     options["weight_grad_dtype"] = _main_grad_dtype(spec, tensors) if fused and training else 0
     if "backward_scratch_in_dw1" in spec.int_options:
         # dW1 is then allocated by the backward (beta 0), which may keep its scratch there first: the workspace
-        # shrinks by [T * top_k, max(I, H)] elements where dW1 is larger (moekit_moe_desc_t).
+        # shrinks by [T * top_k, max(I, H)] elements where dW1 holds them (docs/api.md, "Scratch in dW1").
         options["backward_scratch_in_dw1"] = int(training and not fused and tensors["w1"].requires_grad)
     owners = {name: tensors[name] for name in spec.weights
               if fused and tensors[name] is not None and tensors[name].requires_grad}
