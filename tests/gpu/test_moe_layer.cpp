@@ -670,19 +670,19 @@ TEST_CASE("CUDA MoE layer: backward_overwrites_saved gives the same bits from a 
 }
 
 // a' and dxe in the caller's dW1: the same bits as with them in the workspace, whose [P, max(I, H)] section is gone
-// where dW1 [E, 2I, H] is as large (few, wide experts: 8 * 272 * 256 elements against 160 * 256), or where it holds
-// [P, max(I, H / 2)], the dxe GEMM and its combine then running on two column halves of dx (in bf16: 8 * 128 * 256
-// against 1612 * 128; in fp32 dW1 holds 1612 * 256 whole); where it is smaller (4 * 80 * 64 against 806 * 64, also
-// in fp32, and 806 * 40 for any split) the workspace keeps the section. With and without dh over the saved h; the
-// experts-only layer loses its a' section ([P, I]) the same way.
+// where dW1 [E, 2I, H] holds it, whole (8 * 272 * 256 elements against 160 * 256) or, the dxe GEMM and its combine
+// then running on column halves of dx, as [P, max(I, H / 2)] (8 * 128 * 256 against 1612 * 128 in bf16; an fp32 dW1
+// is twice as large: 4 * 80 * 64 fp32 elements hold 806 * 40 bf16 ones). Where dW1 holds neither (4 * 80 * 64 bf16
+// against 806 * 40) the workspace keeps the section. With and without dh over the saved h; the experts-only layer
+// loses its a' section ([P, I]) the same way.
 TEST_CASE("CUDA MoE layer: backward_scratch_in_dw1 gives the same bits from a smaller workspace",
           "[gpu][layer][moe][sanitize]") {
   struct Shape {
     int64_t tokens, hidden, inter, experts, top_k;
-    bool fits;
+    bool fits_bf16, fits_fp32;  // in a dW1 of that weight-gradient dtype
   };
-  for (const Shape& s :
-       {Shape{77, 256, 136, 8, 2, true}, Shape{400, 256, 64, 8, 4, true}, Shape{400, 64, 40, 4, 2, false}})
+  for (const Shape& s : {Shape{77, 256, 136, 8, 2, true, true}, Shape{400, 256, 64, 8, 4, true, true},
+                         Shape{400, 64, 40, 4, 2, false, true}})
     for (bool overwrite : {false, true})
       for (moekit_dtype_t wg : {MOEKIT_DTYPE_INVALID, MOEKIT_DTYPE_FP32}) {
         Config c;
@@ -698,9 +698,10 @@ TEST_CASE("CUDA MoE layer: backward_scratch_in_dw1 gives the same bits from a sm
         Inputs in(c, rng);
         Handles h;
         const size_t section = static_cast<size_t>((c.tokens + 3) * c.top_k * std::max(c.inter, c.hidden)) * 2;
-        REQUIRE(moe_saving_with(c, in, h, &Config::scratch_in_dw1) == (s.fits ? (section + 255) / 256 * 256 : 0));
+        const bool fits = wg == MOEKIT_DTYPE_FP32 ? s.fits_fp32 : s.fits_bf16;
+        REQUIRE(moe_saving_with(c, in, h, &Config::scratch_in_dw1) == (fits ? (section + 255) / 256 * 256 : 0));
         if (wg != MOEKIT_DTYPE_INVALID) continue;
-        // The experts-only layer: [P, I] only, which fits in both shapes' dW1 (400 * 40 < 4 * 80 * 64).
+        // The experts-only layer: [P, I] only, which fits in every shape's dW1 (400 * 40 < 4 * 80 * 64).
         const size_t a_section = static_cast<size_t>(c.tokens * c.inter) * 2;
         REQUIRE(c.experts * c.hw() * c.hidden >= c.tokens * c.inter);
         REQUIRE(experts_saving_with(c, in, h, &Config::scratch_in_dw1) == (a_section + 255) / 256 * 256);
