@@ -320,11 +320,14 @@ struct Engine::State {
 
   void invalidate() { valid = false; }
 
+  // A view counts as passed when it has data or no elements.
+  bool present(size_t i) const { return slots[i].has_data || has_zero_extent(slots[i].view); }
+
   // A presence toggle: passed <-> absent.
   void toggle_presence(size_t i) {
     SlotState& s = slots[i];
     const Slot& slot = call.slots[i];
-    const bool passing = !(s.has_data || has_zero_extent(s.view));
+    const bool passing = !present(i);
     if (passing) {
       s.view = contiguous_view(slot.dtype, slot.shape);
       s.has_data = true;
@@ -335,8 +338,7 @@ struct Engine::State {
     const bool allowed = slot.presence == Presence::optional || slot.presence == Presence::ignored ||
                          (slot.presence == Presence::required && passing) ||
                          (slot.presence == Presence::forbidden && !passing);
-    if (!allowed || slot.coupled) invalidate();
-    if (slot.coupled) coupled_edit = true;
+    if (!allowed) invalidate();
   }
 
   void alias(size_t i, uint64_t raw) {
@@ -537,6 +539,21 @@ struct Engine::State {
   }
 
   void edit(const Edit& e, bool views) {
+    std::vector<bool> coupled_presence;
+    for (size_t i = 0; i < slot_count(); ++i)
+      if (call.slots[i].coupled) coupled_presence.push_back(present(i));
+    apply(e, views);
+    // Any edit that passes or drops a coupled slot (a toggle, dropped data, a swap, a remade view) changes what
+    // the others must be: the call's validity is no longer known.
+    size_t k = 0;
+    for (size_t i = 0; i < slot_count(); ++i)
+      if (call.slots[i].coupled && coupled_presence[k++] != present(i)) {
+        invalidate();
+        coupled_edit = true;
+      }
+  }
+
+  void apply(const Edit& e, bool views) {
     const size_t targets = slot_count() + kSpecials + call.scalars.size();
     const size_t target = e.target % targets;
     if (target < slot_count()) {
@@ -750,10 +767,10 @@ struct Engine::State {
       const SlotState& s = slots[i];
       const Slot& slot = call.slots[i];
       const moekit_tensor_t& v = s.view;
-      const bool present = s.has_data || has_zero_extent(v);
-      if (slot.presence == Presence::required && !present) return slot.name + " is missing";
-      if (slot.presence == Presence::forbidden && present) return slot.name + " must be absent";
-      if (!present || slot.presence == Presence::ignored) continue;
+      const bool passed = present(i);
+      if (slot.presence == Presence::required && !passed) return slot.name + " is missing";
+      if (slot.presence == Presence::forbidden && passed) return slot.name + " must be absent";
+      if (!passed || slot.presence == Presence::ignored) continue;
       if (v.rank < 0 || v.rank > MOEKIT_MAX_RANK) return slot.name + " has a rank outside 0..4";
       if (v.device.type != MOEKIT_DEVICE_CPU) return slot.name + " is not on the CPU";
       if (v.reserved[0] != 0 || v.reserved[1] != 0) return slot.name + " has reserved fields set";

@@ -94,6 +94,9 @@ def view_seeds():
     seeds["regression-dispatch-tok-offsets-int64-min"] = case(2, (0, 0, 0, 0, 0, 0, 1), boundary(0, SHAPE, "int64_min"))
     # db2 + ds without b2, so without dscores: P = 10 grouped rows.
     seeds["regression-db2_ds-without-dscores"] = case(7)
+    # db2 + ds with b2 (byte 6 bit 2), b2's data dropped, then dscores: a valid call without b2 or dscores.
+    seeds["regression-db2_ds-b2-data-dropped"] = case(7, (0, 0, 0, 0, 0, 0, 0x04), edit(2, NULL_DATA),
+                                                      edit(7, PRESENCE))
     # moekit_tensor_make (rank 2 from the table) of dtype 2^30, no dtype of moekit.h, and of shape [5, 2^62 + 1].
     seeds["regression-tensor-make-unknown-dtype"] = case(0, (), edit(0, DTYPE, 0, 11), edit(0, MAKE, 0x10, 3))
     seeds["regression-tensor-make-stride-overflow"] = case(0, (), edit(0, SHAPE, 1 << 2, 23), edit(0, MAKE, 0x10, 3))
