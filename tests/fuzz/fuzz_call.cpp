@@ -539,15 +539,13 @@ struct Engine::State {
   }
 
   void edit(const Edit& e, bool views) {
-    std::vector<bool> coupled_presence;
-    for (size_t i = 0; i < slot_count(); ++i)
-      if (call.slots[i].coupled) coupled_presence.push_back(present(i));
+    std::vector<bool> was_present(slot_count());
+    for (size_t i = 0; i < slot_count(); ++i) was_present[i] = present(i);
     apply(e, views);
     // Any edit that passes or drops a coupled slot (a toggle, dropped data, a swap, a remade view) changes what
     // the others must be: the call's validity is no longer known.
-    size_t k = 0;
     for (size_t i = 0; i < slot_count(); ++i)
-      if (call.slots[i].coupled && coupled_presence[k++] != present(i)) {
+      if (call.slots[i].coupled && was_present[i] != present(i)) {
         invalidate();
         coupled_edit = true;
       }
